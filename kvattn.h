@@ -1,0 +1,1573 @@
+/* kvattn.h — transformer attention and a paged KV cache for the CPU, in one header.
+
+   What it is
+   ----------
+   MHA / MQA / GQA attention (one family: H query heads share G KV heads),
+   causal prefill and decode over a paged KV cache (fixed block pool, block
+   tables, ref-counted blocks), F32 / F16 / BF16 cache storage, RoPE, and a
+   GQA layer forward (projections, RoPE, cache, attention, output).
+   C99, the C standard library only, optional OpenMP. Every function is
+   `KVA_API` (default `static inline`): include the header and call it.
+
+   The public contract is API.md in the project; everything whose name
+   starts with `kva__` is internal and may change.
+
+   Example: a decode step of one GQA layer
+   ---------------------------------------
+       #include "kvattn.h"
+       kva_cache_desc d = {0};
+       d.n_layers = 1; d.n_kv_heads = 8; d.head_dim = 128;
+       d.n_blocks = 1024;                      // 16 tokens each (the default)
+       kva_cache *c; int seq;
+       if (kva_cache_create(&d, &c) != KVA_OK) return 1;
+       kva_seq_new(c, &seq);
+
+       kva_attn a = {0};
+       a.n_heads = 32; a.n_kv_heads = 8; a.head_dim = 128;
+
+       for (int step = 0; step < n_steps; step++) {
+           if (kva_seq_append(c, seq, 1) == KVA_ERR_FULL) break;  // preempt
+           // project q [32][128], k and v [8][128] for this token, RoPE them
+           kva_store(c, seq, 0, k, v, 1);
+           kva_attend_cache(c, seq, 0, &a, q, 1, out);           // out [32][128]
+       }
+       kva_cache_destroy(c);
+
+   Configuration (define before including)
+   ---------------------------------------
+   KVATTN_SIMD          KVA_SIMD_SCALAR, KVA_SIMD_AVX2 or KVA_SIMD_NEON.
+                        Default: the best the compiler targets (AVX2 needs
+                        -mavx2 -mfma -mf16c, or -march=native). Forcing an ISA
+                        the compiler does not target is an #error.
+   KVATTN_MALLOC(n)     host allocation (default malloc); KVATTN_FREE(p).
+   KVATTN_ASSERT(x)     internal invariants only (default: nothing).
+   KVATTN_NO_OPENMP     ignore OpenMP even when compiled with -fopenmp.
+   KVA_API              linkage of every function (default static inline).
+
+   Threads: a call on one cache is serialised by the caller; inside a call
+   the library uses OpenMP (`n_threads`, 0 = OpenMP's default). Results are
+   bit-identical for any thread count. No function keeps mutable state
+   outside the structs passed to it; nothing prints, aborts or exits.
+
+   License: MIT (at the end of this file).
+*/
+#ifndef KVATTN_H
+#define KVATTN_H
+
+#define KVATTN_VERSION_MAJOR 0
+#define KVATTN_VERSION_MINOR 1
+#define KVATTN_VERSION_PATCH 0
+#define KVATTN_VERSION_STRING "0.1.0"
+
+/* Table of contents
+   [1] configuration         [6] RoPE
+   [2] status and types      [7] paged KV cache: block pool, sequences
+   [3] numerics              [8] cache store / attend / read
+   [4] SIMD kernels          [9] layers: GQA forward
+   [5] attention core        [10] stats
+*/
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <limits.h>
+
+/* ======================================================================
+   [1] configuration
+   ====================================================================== */
+
+#ifndef KVA_API
+#define KVA_API static inline
+#endif
+
+#if !defined(KVATTN_MALLOC) || !defined(KVATTN_FREE)
+#include <stdlib.h>
+#ifndef KVATTN_MALLOC
+#define KVATTN_MALLOC(n) malloc(n)
+#endif
+#ifndef KVATTN_FREE
+#define KVATTN_FREE(p) free(p)
+#endif
+#endif
+
+#ifndef KVATTN_ASSERT
+#define KVATTN_ASSERT(x) ((void)0)
+#endif
+
+#define KVA_SIMD_SCALAR 0
+#define KVA_SIMD_AVX2 1
+#define KVA_SIMD_NEON 2
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVA__CAN_AVX2 1
+#else
+#define KVA__CAN_AVX2 0
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define KVA__CAN_NEON 1
+#else
+#define KVA__CAN_NEON 0
+#endif
+
+#ifndef KVATTN_SIMD
+#if KVA__CAN_AVX2
+#define KVATTN_SIMD KVA_SIMD_AVX2
+#elif KVA__CAN_NEON
+#define KVATTN_SIMD KVA_SIMD_NEON
+#else
+#define KVATTN_SIMD KVA_SIMD_SCALAR
+#endif
+#endif
+
+#if KVATTN_SIMD == KVA_SIMD_AVX2
+#if !KVA__CAN_AVX2
+#error "KVATTN_SIMD == KVA_SIMD_AVX2 needs a compiler targeting AVX2, FMA and F16C (-mavx2 -mfma -mf16c)"
+#endif
+#include <immintrin.h>
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+#if !KVA__CAN_NEON
+#error "KVATTN_SIMD == KVA_SIMD_NEON needs a compiler targeting AArch64 NEON"
+#endif
+#include <arm_neon.h>
+#elif KVATTN_SIMD != KVA_SIMD_SCALAR
+#error "KVATTN_SIMD must be KVA_SIMD_SCALAR, KVA_SIMD_AVX2 or KVA_SIMD_NEON"
+#endif
+
+#if defined(_OPENMP) && !defined(KVATTN_NO_OPENMP)
+#include <omp.h>
+#define KVA__OMP 1
+#define KVA__PRAGMA(x) _Pragma(#x)
+#define KVA__OMP_FOR(nt) KVA__PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(nt) if ((nt) > 1))
+#else
+#define KVA__OMP 0
+#define KVA__OMP_FOR(nt)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVA__FORCEINLINE static inline __attribute__((always_inline))
+#define KVA__ALIGN(n) __attribute__((aligned(n)))
+#else
+#define KVA__FORCEINLINE static inline
+#define KVA__ALIGN(n)
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================
+   [2] status and types
+   ====================================================================== */
+
+typedef enum {
+  KVA_OK = 0,
+  KVA_ERR_ARG,         /* bad argument: NULL, non-positive size, H % G != 0, ... */
+  KVA_ERR_NOMEM,       /* host allocation failed */
+  KVA_ERR_FULL,        /* block pool exhausted: nothing was changed */
+  KVA_ERR_SEQ,         /* unknown or freed sequence id */
+  KVA_ERR_UNSUPPORTED  /* valid but unsupported combination */
+} kva_status;
+
+typedef enum {
+  KVA_DTYPE_DEFAULT = 0,
+  KVA_F32,
+  KVA_F16,
+  KVA_BF16,
+  KVA_INT8,
+  KVA_FP8_E4M3,
+  KVA_FP8_E5M2
+} kva_dtype;
+
+KVA_API const char *kva_status_str(kva_status s) {
+  switch (s) {
+    case KVA_OK: return "ok";
+    case KVA_ERR_ARG: return "invalid argument";
+    case KVA_ERR_NOMEM: return "out of host memory";
+    case KVA_ERR_FULL: return "block pool exhausted";
+    case KVA_ERR_SEQ: return "unknown or freed sequence";
+    case KVA_ERR_UNSUPPORTED: return "unsupported combination";
+  }
+  return "unknown status";
+}
+
+KVA_API const char *kva_simd_name(void) {
+#if KVATTN_SIMD == KVA_SIMD_AVX2
+  return "avx2";
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+  return "neon";
+#else
+  return "scalar";
+#endif
+}
+
+KVA_API const char *kva_dtype_name(kva_dtype t) {
+  switch (t) {
+    case KVA_DTYPE_DEFAULT: return "default";
+    case KVA_F32: return "f32";
+    case KVA_F16: return "f16";
+    case KVA_BF16: return "bf16";
+    case KVA_INT8: return "int8";
+    case KVA_FP8_E4M3: return "fp8_e4m3";
+    case KVA_FP8_E5M2: return "fp8_e5m2";
+  }
+  return "?";
+}
+
+/* Attention shape and options; zero-initialise, then set the sizes. */
+typedef struct {
+  int n_heads, n_kv_heads, head_dim; /* H, G, D; H % G == 0 (G==H: MHA, G==1: MQA) */
+  int v_dim;                         /* 0 => head_dim */
+  float scale;                       /* 0 => 1/sqrt(head_dim) */
+  int window;                        /* 0 => unlimited; key visible iff qpos - kpos < window */
+  int n_sink;                        /* positions < n_sink stay visible under a window */
+  float softcap;                     /* 0 => none; else softcap * tanh(score / softcap) */
+  int n_threads;                     /* 0 => OpenMP's default; 1 => no threading */
+} kva_attn;
+
+/* RoPE. theta 0 and inv_freq NULL => no rotation. */
+typedef struct {
+  float theta;
+  int dim;               /* rotated leading values of a head; 0 => the whole head */
+  int interleaved;       /* 0: pairs (x[i], x[i+dim/2]) (NeoX/HF); 1: (x[2i], x[2i+1]) */
+  const float *inv_freq; /* NULL => theta^(-2i/dim); else [dim/2] */
+} kva_rope;
+
+/* ======================================================================
+   [3] numerics: f16 and bf16 (IEEE, round to nearest even)
+   ====================================================================== */
+
+static inline uint32_t kva__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float kva__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+KVA_API float kva_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in float */
+    float mag = (float)man * (1.0f / 16777216.0f);
+    return kva__bits_f32(kva__f32_bits(mag) | sign);
+  }
+  if (exp == 31) return kva__bits_f32(sign | 0x7f800000u | (man << 13));
+  return kva__bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+KVA_API uint16_t kva_f32_to_f16(float f) {
+  uint32_t x = kva__f32_bits(f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) /* NaN: keep the top payload bits, force quiet */
+    return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+  if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and Inf) */
+  if (x < 0x38800000u) { /* below 2^-14: f16 subnormal or zero */
+    uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u, shift, q, rem, half;
+    if (e < 102) return sign; /* < 2^-25: rounds to zero */
+    shift = 126 - e;          /* value / 2^-24 = m * 2^-shift, 14 <= shift <= 24 */
+    q = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+  }
+  x = x + 0xfffu + ((x >> 13) & 1u) - (112u << 23);
+  return (uint16_t)(sign | (x >> 13));
+}
+
+KVA_API float kva_bf16_to_f32(uint16_t h) { return kva__bits_f32((uint32_t)h << 16); }
+
+KVA_API uint16_t kva_f32_to_bf16(float f) {
+  uint32_t x = kva__f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+/* Bytes of one stored element; 0 for types that cannot be cache storage. */
+static inline size_t kva__dtype_size(kva_dtype t) {
+  switch (t) {
+    case KVA_F32: return 4;
+    case KVA_F16: case KVA_BF16: return 2;
+    case KVA_INT8: case KVA_FP8_E4M3: case KVA_FP8_E5M2: return 1;
+    default: return 0;
+  }
+}
+
+/* ======================================================================
+   [4] SIMD kernels
+   Each kernel has a scalar twin with the same stem (`_scalar`), always
+   compiled; the selected ISA's version (`_avx2`, `_neon`) sits beside it,
+   and the un-suffixed name is the one the library calls.
+
+   Row loaders: a "row" is one key or value vector of one KV head in its
+   storage type. Kernels work on a tile of rows given by pointers, so the
+   same kernel reads plain arrays, paged blocks and (later) compacted slots.
+   ====================================================================== */
+
+#define KVA__TILE 64     /* keys per tile: a tile's K and V stay in L1/L2 */
+#define KVA__MAXROWS 64  /* query rows (query x head) handled per pass */
+#define KVA__NR 4        /* query rows per register block */
+
+/* --- scalar row loaders --- */
+static inline float kva__load1_f32(const void *row, int i) { return ((const float *)row)[i]; }
+static inline float kva__load1_f16(const void *row, int i) { return kva_f16_to_f32(((const uint16_t *)row)[i]); }
+static inline float kva__load1_bf16(const void *row, int i) { return kva_bf16_to_f32(((const uint16_t *)row)[i]); }
+
+/* scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no scaling) */
+#define KVA__DEFINE_SCALAR_KERNELS(dt)                                                          \
+  static inline void kva__dot_tile_##dt##_scalar(const float *const *q, int nr, const void *const *krows, \
+                                                  int nk, int d, float *scores, int lds) {     \
+    int r, j, i;                                                                                \
+    for (j = 0; j < nk; j++)                                                                    \
+      for (r = 0; r < nr; r++) {                                                                \
+        float s = 0.0f;                                                                         \
+        for (i = 0; i < d; i++) s += q[r][i] * kva__load1_##dt(krows[j], i);                    \
+        scores[r * lds + j] = s;                                                                \
+      }                                                                                         \
+  }                                                                                             \
+  static inline void kva__vacc_tile_##dt##_scalar(float *const *acc, int nr, const float *p, int ldp, \
+                                                   const void *const *vrows, int nk, int dv) { \
+    int r, j, i;                                                                                \
+    for (j = 0; j < nk; j++)                                                                    \
+      for (r = 0; r < nr; r++) {                                                                \
+        float pj = p[r * ldp + j];                                                              \
+        if (pj == 0.0f) continue;                                                               \
+        for (i = 0; i < dv; i++) acc[r][i] += pj * kva__load1_##dt(vrows[j], i);                \
+      }                                                                                         \
+  }
+KVA__DEFINE_SCALAR_KERNELS(f32)
+KVA__DEFINE_SCALAR_KERNELS(f16)
+KVA__DEFINE_SCALAR_KERNELS(bf16)
+
+/* x[i] = exp(x[i]); -inf gives exactly 0 */
+static inline void kva__exp_inplace_scalar(float *x, int n) {
+  int i;
+  for (i = 0; i < n; i++) x[i] = expf(x[i]);
+}
+
+/* y[i] = x . w_o (+ b[o]) for a row-major weight [n_out][n_in]: y = W x */
+static inline float kva__dot_f32_scalar(const float *a, const float *b, int n) {
+  float s = 0.0f;
+  int i;
+  for (i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+static inline void kva__f32_to_f16_row_scalar(uint16_t *dst, const float *src, int n) {
+  int i;
+  for (i = 0; i < n; i++) dst[i] = kva_f32_to_f16(src[i]);
+}
+
+#if KVATTN_SIMD == KVA_SIMD_AVX2
+/* --- AVX2 + FMA + F16C --- */
+#define KVA__AVX2_LOAD8_f32(row, i) _mm256_loadu_ps((const float *)(row) + (i))
+#define KVA__AVX2_LOAD8_f16(row, i) \
+  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (i))))
+#define KVA__AVX2_LOAD8_bf16(row, i)                                                         \
+  _mm256_castsi256_ps(_mm256_slli_epi32(                                                     \
+      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (i)))), 16))
+
+/* sum of each of 4 vectors: [s(a0), s(a1), s(a2), s(a3)] */
+KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* The bodies take nr as a parameter and are force-inlined at call sites
+   with a constant nr, so the row loops unroll and stay in registers. */
+#define KVA__DEFINE_AVX2_KERNELS(dt)                                                            \
+  KVA__FORCEINLINE void kva__dot_tile_##dt##_avx2_nr(const float *const *q, const int nr,       \
+                                                      const void *const *krows, int nk, int d,  \
+                                                      float *scores, int lds) {                 \
+    int j, i, r;                                                                                \
+    const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
+    for (j = 0; j < nk; j++) {                                                                  \
+      const void *k = krows[j];                                                                 \
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
+      float KVA__ALIGN(16) s[4];                                                                \
+      for (i = 0; i + 8 <= d; i += 8) {                                                         \
+        __m256 kv = KVA__AVX2_LOAD8_##dt(k, i);                                                 \
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);                                  \
+        if (nr > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);                      \
+        if (nr > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);                      \
+        if (nr > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);                      \
+      }                                                                                         \
+      _mm_store_ps(s, kva__hsum4_avx2(a0, a1, a2, a3));                                         \
+      for (; i < d; i++) {                                                                      \
+        float kf = kva__load1_##dt(k, i);                                                       \
+        s[0] += q0[i] * kf;                                                                     \
+        if (nr > 1) s[1] += q1[i] * kf;                                                         \
+        if (nr > 2) s[2] += q2[i] * kf;                                                         \
+        if (nr > 3) s[3] += q3[i] * kf;                                                         \
+      }                                                                                         \
+      for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
+    }                                                                                           \
+  }                                                                                             \
+  static inline void kva__dot_tile_##dt##_avx2(const float *const *q, int nr, const void *const *krows, \
+                                                int nk, int d, float *scores, int lds) {       \
+    switch (nr) {                                                                               \
+      case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds); break;             \
+      case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds); break;             \
+      case 3: kva__dot_tile_##dt##_avx2_nr(q, 3, krows, nk, d, scores, lds); break;             \
+      default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds); break;            \
+    }                                                                                           \
+  }                                                                                             \
+  KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
+                                                       const float *p, int ldp,                 \
+                                                       const void *const *vrows, int nk, int dv) { \
+    int j, i, r;                                                                                \
+    for (i = 0; i + 16 <= dv; i += 16) { /* 16 columns x nr rows live in registers */          \
+      __m256 a[4][2];                                                                           \
+      for (r = 0; r < nr; r++) {                                                                \
+        a[r][0] = _mm256_loadu_ps(acc[r] + i);                                                  \
+        a[r][1] = _mm256_loadu_ps(acc[r] + i + 8);                                              \
+      }                                                                                         \
+      for (j = 0; j < nk; j++) {                                                                \
+        __m256 v0 = KVA__AVX2_LOAD8_##dt(vrows[j], i), v1 = KVA__AVX2_LOAD8_##dt(vrows[j], i + 8); \
+        for (r = 0; r < nr; r++) {                                                              \
+          __m256 pb = _mm256_broadcast_ss(p + r * ldp + j);                                     \
+          a[r][0] = _mm256_fmadd_ps(pb, v0, a[r][0]);                                           \
+          a[r][1] = _mm256_fmadd_ps(pb, v1, a[r][1]);                                           \
+        }                                                                                       \
+      }                                                                                         \
+      for (r = 0; r < nr; r++) {                                                                \
+        _mm256_storeu_ps(acc[r] + i, a[r][0]);                                                  \
+        _mm256_storeu_ps(acc[r] + i + 8, a[r][1]);                                              \
+      }                                                                                         \
+    }                                                                                           \
+    for (; i + 8 <= dv; i += 8) {                                                               \
+      __m256 a[4];                                                                              \
+      for (r = 0; r < nr; r++) a[r] = _mm256_loadu_ps(acc[r] + i);                              \
+      for (j = 0; j < nk; j++) {                                                                \
+        __m256 v0 = KVA__AVX2_LOAD8_##dt(vrows[j], i);                                          \
+        for (r = 0; r < nr; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ldp + j), v0, a[r]); \
+      }                                                                                         \
+      for (r = 0; r < nr; r++) _mm256_storeu_ps(acc[r] + i, a[r]);                              \
+    }                                                                                           \
+    for (; i < dv; i++)                                                                         \
+      for (j = 0; j < nk; j++) {                                                                \
+        float vf = kva__load1_##dt(vrows[j], i);                                                \
+        for (r = 0; r < nr; r++) acc[r][i] += p[r * ldp + j] * vf;                              \
+      }                                                                                         \
+  }                                                                                             \
+  static inline void kva__vacc_tile_##dt##_avx2(float *const *acc, int nr, const float *p, int ldp, \
+                                                 const void *const *vrows, int nk, int dv) {   \
+    switch (nr) {                                                                               \
+      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv); break;              \
+      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv); break;              \
+      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv); break;              \
+      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv); break;             \
+    }                                                                                           \
+  }
+KVA__DEFINE_AVX2_KERNELS(f32)
+KVA__DEFINE_AVX2_KERNELS(f16)
+KVA__DEFINE_AVX2_KERNELS(bf16)
+
+/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
+   relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
+   (e^-86.5 is 3e-38: nothing a softmax can see). */
+static inline void kva__exp_inplace_avx2(float *x, int n) {
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 lo = _mm256_set1_ps(-86.5f), hi = _mm256_set1_ps(88.3f);
+  const __m256 c1 = _mm256_set1_ps(1.0f), c2 = _mm256_set1_ps(0.5f);
+  const __m256 c3 = _mm256_set1_ps(1.6666665459e-1f), c4 = _mm256_set1_ps(4.1665795894e-2f);
+  const __m256 c5 = _mm256_set1_ps(8.3334519073e-3f), c6 = _mm256_set1_ps(1.3981999507e-3f);
+  const __m256 c7 = _mm256_set1_ps(1.9875691500e-4f);
+  int i;
+  for (i = 0; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    __m256 under = _mm256_cmp_ps(v, lo, _CMP_LT_OQ);
+    __m256 t, r, r2, poly;
+    __m256i e;
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    t = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_fnmadd_ps(t, ln2_hi, v);
+    r = _mm256_fnmadd_ps(t, ln2_lo, r);
+    r2 = _mm256_mul_ps(r, r);
+    poly = _mm256_fmadd_ps(c7, r, c6);
+    poly = _mm256_fmadd_ps(poly, r, c5);
+    poly = _mm256_fmadd_ps(poly, r, c4);
+    poly = _mm256_fmadd_ps(poly, r, c3);
+    poly = _mm256_fmadd_ps(poly, r, c2);
+    poly = _mm256_fmadd_ps(poly, r2, _mm256_add_ps(r, c1));
+    e = _mm256_slli_epi32(_mm256_cvtps_epi32(t), 23);
+    poly = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(poly), e));
+    _mm256_storeu_ps(x + i, _mm256_andnot_ps(under, poly));
+  }
+  for (; i < n; i++) x[i] = expf(x[i]);
+}
+
+static inline float kva__dot_f32_avx2(const float *a, const float *b, int n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  __m128 s;
+  float t;
+  int i;
+  for (i = 0; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  s0 = _mm256_add_ps(s0, s1);
+  s = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  t = _mm_cvtss_f32(s);
+  for (; i < n; i++) t += a[i] * b[i];
+  return t;
+}
+
+static inline void kva__f32_to_f16_row_avx2(uint16_t *dst, const float *src, int n) {
+  int i;
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; i++) dst[i] = kva_f32_to_f16(src[i]);
+}
+#define KVA__ISA avx2
+
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+/* --- NEON (AArch64) --- */
+#define KVA__NEON_LOAD4_f32(row, i) vld1q_f32((const float *)(row) + (i))
+#define KVA__NEON_LOAD4_f16(row, i) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(row) + (i))))
+#define KVA__NEON_LOAD4_bf16(row, i) \
+  vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(row) + (i)), 16))
+
+#define KVA__DEFINE_NEON_KERNELS(dt)                                                            \
+  KVA__FORCEINLINE void kva__dot_tile_##dt##_neon_nr(const float *const *q, const int nr,       \
+                                                      const void *const *krows, int nk, int d,  \
+                                                      float *scores, int lds) {                 \
+    int j, i, r;                                                                                \
+    const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
+    for (j = 0; j < nk; j++) {                                                                  \
+      const void *k = krows[j];                                                                 \
+      float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;                            \
+      float s[4];                                                                               \
+      for (i = 0; i + 4 <= d; i += 4) {                                                         \
+        float32x4_t kv = KVA__NEON_LOAD4_##dt(k, i);                                            \
+        a0 = vfmaq_f32(a0, vld1q_f32(q0 + i), kv);                                              \
+        if (nr > 1) a1 = vfmaq_f32(a1, vld1q_f32(q1 + i), kv);                                  \
+        if (nr > 2) a2 = vfmaq_f32(a2, vld1q_f32(q2 + i), kv);                                  \
+        if (nr > 3) a3 = vfmaq_f32(a3, vld1q_f32(q3 + i), kv);                                  \
+      }                                                                                         \
+      s[0] = vaddvq_f32(a0); s[1] = vaddvq_f32(a1); s[2] = vaddvq_f32(a2); s[3] = vaddvq_f32(a3); \
+      for (; i < d; i++) {                                                                      \
+        float kf = kva__load1_##dt(k, i);                                                       \
+        s[0] += q0[i] * kf;                                                                     \
+        if (nr > 1) s[1] += q1[i] * kf;                                                         \
+        if (nr > 2) s[2] += q2[i] * kf;                                                         \
+        if (nr > 3) s[3] += q3[i] * kf;                                                         \
+      }                                                                                         \
+      for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
+    }                                                                                           \
+  }                                                                                             \
+  static inline void kva__dot_tile_##dt##_neon(const float *const *q, int nr, const void *const *krows, \
+                                                int nk, int d, float *scores, int lds) {       \
+    switch (nr) {                                                                               \
+      case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds); break;             \
+      case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds); break;             \
+      case 3: kva__dot_tile_##dt##_neon_nr(q, 3, krows, nk, d, scores, lds); break;             \
+      default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds); break;            \
+    }                                                                                           \
+  }                                                                                             \
+  KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
+                                                       const float *p, int ldp,                 \
+                                                       const void *const *vrows, int nk, int dv) { \
+    int j, i, r;                                                                                \
+    for (i = 0; i + 8 <= dv; i += 8) {                                                          \
+      float32x4_t a[4][2];                                                                      \
+      for (r = 0; r < nr; r++) {                                                                \
+        a[r][0] = vld1q_f32(acc[r] + i);                                                        \
+        a[r][1] = vld1q_f32(acc[r] + i + 4);                                                    \
+      }                                                                                         \
+      for (j = 0; j < nk; j++) {                                                                \
+        float32x4_t v0 = KVA__NEON_LOAD4_##dt(vrows[j], i), v1 = KVA__NEON_LOAD4_##dt(vrows[j], i + 4); \
+        for (r = 0; r < nr; r++) {                                                              \
+          float pj = p[r * ldp + j];                                                            \
+          a[r][0] = vfmaq_n_f32(a[r][0], v0, pj);                                               \
+          a[r][1] = vfmaq_n_f32(a[r][1], v1, pj);                                               \
+        }                                                                                       \
+      }                                                                                         \
+      for (r = 0; r < nr; r++) {                                                                \
+        vst1q_f32(acc[r] + i, a[r][0]);                                                         \
+        vst1q_f32(acc[r] + i + 4, a[r][1]);                                                     \
+      }                                                                                         \
+    }                                                                                           \
+    for (; i < dv; i++)                                                                         \
+      for (j = 0; j < nk; j++) {                                                                \
+        float vf = kva__load1_##dt(vrows[j], i);                                                \
+        for (r = 0; r < nr; r++) acc[r][i] += p[r * ldp + j] * vf;                              \
+      }                                                                                         \
+  }                                                                                             \
+  static inline void kva__vacc_tile_##dt##_neon(float *const *acc, int nr, const float *p, int ldp, \
+                                                 const void *const *vrows, int nk, int dv) {   \
+    switch (nr) {                                                                               \
+      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv); break;              \
+      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv); break;              \
+      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv); break;              \
+      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv); break;             \
+    }                                                                                           \
+  }
+KVA__DEFINE_NEON_KERNELS(f32)
+KVA__DEFINE_NEON_KERNELS(f16)
+KVA__DEFINE_NEON_KERNELS(bf16)
+
+/* Same algorithm as the AVX2 exp (see there). */
+static inline void kva__exp_inplace_neon(float *x, int n) {
+  const float32x4_t log2e = vdupq_n_f32(1.44269504088896341f);
+  const float32x4_t ln2_hi = vdupq_n_f32(0.693359375f), ln2_lo = vdupq_n_f32(-2.12194440e-4f);
+  const float32x4_t lo = vdupq_n_f32(-86.5f), hi = vdupq_n_f32(88.3f);
+  const float32x4_t c1 = vdupq_n_f32(1.0f), c2 = vdupq_n_f32(0.5f);
+  const float32x4_t c3 = vdupq_n_f32(1.6666665459e-1f), c4 = vdupq_n_f32(4.1665795894e-2f);
+  const float32x4_t c5 = vdupq_n_f32(8.3334519073e-3f), c6 = vdupq_n_f32(1.3981999507e-3f);
+  const float32x4_t c7 = vdupq_n_f32(1.9875691500e-4f);
+  int i;
+  for (i = 0; i + 4 <= n; i += 4) {
+    float32x4_t v = vld1q_f32(x + i);
+    uint32x4_t under = vcltq_f32(v, lo);
+    float32x4_t t, r, r2, poly;
+    int32x4_t e;
+    v = vminq_f32(vmaxq_f32(v, lo), hi);
+    t = vrndnq_f32(vmulq_f32(v, log2e));
+    r = vfmsq_f32(v, t, ln2_hi);
+    r = vfmsq_f32(r, t, ln2_lo);
+    r2 = vmulq_f32(r, r);
+    poly = vfmaq_f32(c6, c7, r);
+    poly = vfmaq_f32(c5, poly, r);
+    poly = vfmaq_f32(c4, poly, r);
+    poly = vfmaq_f32(c3, poly, r);
+    poly = vfmaq_f32(c2, poly, r);
+    poly = vfmaq_f32(vaddq_f32(r, c1), poly, r2);
+    e = vshlq_n_s32(vcvtq_s32_f32(t), 23);
+    poly = vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(poly), e));
+    vst1q_f32(x + i, vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(poly), under)));
+  }
+  for (; i < n; i++) x[i] = expf(x[i]);
+}
+
+static inline float kva__dot_f32_neon(const float *a, const float *b, int n) {
+  float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
+  float t;
+  int i;
+  for (i = 0; i + 8 <= n; i += 8) {
+    s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+  }
+  for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+  t = vaddvq_f32(vaddq_f32(s0, s1));
+  for (; i < n; i++) t += a[i] * b[i];
+  return t;
+}
+
+static inline void kva__f32_to_f16_row_neon(uint16_t *dst, const float *src, int n) {
+  int i;
+  for (i = 0; i + 4 <= n; i += 4) vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+  for (; i < n; i++) dst[i] = kva_f32_to_f16(src[i]);
+}
+#define KVA__ISA neon
+
+#else
+#define KVA__ISA scalar
+#endif
+
+/* The selected kernels: name##_<isa>. */
+#define KVA__CAT3(a, b) a##b
+#define KVA__CAT2(a, b) KVA__CAT3(a, b)
+#define KVA__SEL(stem) KVA__CAT2(stem, KVA__ISA)
+
+static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
+                                 int d, float *scores, int lds) {
+  switch (t) {
+    case KVA_F32: KVA__SEL(kva__dot_tile_f32_)(q, nr, krows, nk, d, scores, lds); break;
+    case KVA_F16: KVA__SEL(kva__dot_tile_f16_)(q, nr, krows, nk, d, scores, lds); break;
+    case KVA_BF16: KVA__SEL(kva__dot_tile_bf16_)(q, nr, krows, nk, d, scores, lds); break;
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+
+static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
+                                  const void *const *vrows, int nk, int dv) {
+  switch (t) {
+    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv); break;
+    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv); break;
+    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv); break;
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+
+#define kva__exp_inplace KVA__SEL(kva__exp_inplace_)
+#define kva__dot_f32 KVA__SEL(kva__dot_f32_)
+#define kva__f32_to_f16_row KVA__SEL(kva__f32_to_f16_row_)
+
+/* Write one row of n floats in storage type t (exact for F32, RNE otherwise). */
+static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int n) {
+  int i;
+  switch (t) {
+    case KVA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case KVA_F16: kva__f32_to_f16_row((uint16_t *)dst, src, n); break;
+    case KVA_BF16:
+      for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = kva_f32_to_bf16(src[i]);
+      break;
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+
+static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n) {
+  int i;
+  switch (t) {
+    case KVA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case KVA_F16: for (i = 0; i < n; i++) dst[i] = kva__load1_f16(src, i); break;
+    case KVA_BF16: for (i = 0; i < n; i++) dst[i] = kva__load1_bf16(src, i); break;
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+
+/* ======================================================================
+   [5] attention core
+   One pass over a KV head's keys serves every query row of its group
+   (row = query token x query head), in tiles of KVA__TILE keys with an
+   online softmax. Accumulators live in the caller's output rows, so a
+   decode call needs no heap memory.
+   ====================================================================== */
+
+/* Where the keys and values of one KV head come from. */
+typedef struct {
+  int paged;                          /* 0: plain arrays, 1: block table */
+  kva_dtype kt, vt;
+  /* plain arrays: token j of head g at base + (j*n_kv_heads + g) * row bytes */
+  const unsigned char *k, *v;
+  size_t k_tok_stride, v_tok_stride;  /* bytes from token j to j+1 */
+  size_t k_head_stride, v_head_stride;
+  const int32_t *pos;                 /* NULL => position j */
+  /* paged: block b of a layer at pool + b * block_bytes */
+  const unsigned char *pool;
+  size_t block_bytes, v_off;          /* V region offset inside a block (== 0 offset for latent K) */
+  size_t k_row, v_row;                /* bytes of one token of one head */
+  const int32_t *table, *block_pos;   /* block_pos: [block][G][bs] */
+  int block_size, n_kv_heads;
+} kva__kv_view;
+
+/* Fill a tile: rows j0 .. j0+n-1 of KV head g; returns min/max position. */
+static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, const void **krows,
+                                  const void **vrows, int32_t *kpos, int32_t *kmin, int32_t *kmax) {
+  int j;
+  int32_t lo = INT32_MAX, hi = INT32_MIN;
+  for (j = 0; j < n; j++) {
+    int t = j0 + j;
+    int32_t p;
+    if (!w->paged) {
+      krows[j] = w->k + (size_t)t * w->k_tok_stride + (size_t)g * w->k_head_stride;
+      vrows[j] = w->v + (size_t)t * w->v_tok_stride + (size_t)g * w->v_head_stride;
+      p = w->pos ? w->pos[t] : (int32_t)t;
+    } else {
+      int bs = w->block_size, slot = t % bs;
+      int32_t blk = w->table[t / bs];
+      const unsigned char *b = w->pool + (size_t)blk * w->block_bytes;
+      size_t hs = (size_t)g * (size_t)bs + (size_t)slot;
+      krows[j] = b + hs * w->k_row;
+      vrows[j] = b + w->v_off + hs * w->v_row;
+      p = w->block_pos[((size_t)blk * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs + (size_t)slot];
+    }
+    kpos[j] = p;
+    if (p < lo) lo = p;
+    if (p > hi) hi = p;
+  }
+  *kmin = lo;
+  *kmax = hi;
+}
+
+/* Resolved attention parameters. */
+typedef struct {
+  int H, G, D, DV, R; /* R = H / G query heads per KV head */
+  float scale, softcap;
+  int window, n_sink;
+} kva__attn_params;
+
+static inline int kva__visible(const kva__attn_params *P, int32_t qp, int32_t kp) {
+  if (kp > qp) return 0;
+  if (P->window <= 0 || kp < P->n_sink) return 1;
+  return (int64_t)qp - (int64_t)kp < (int64_t)P->window;
+}
+
+/* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R).
+   q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H]; query i sits at
+   q_pos[i], or at q_base + i when q_pos is NULL. */
+static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int n_kv, int g,
+                                    const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
+                                    float *out, float *lse) {
+  float scores[KVA__MAXROWS * KVA__TILE];
+  float m[KVA__MAXROWS], l[KVA__MAXROWS];
+  const float *qr[KVA__MAXROWS];
+  float *acc[KVA__MAXROWS];
+  int32_t qp[KVA__MAXROWS], kpos[KVA__TILE], qmin = INT32_MAX, qmax = INT32_MIN, kmin, kmax;
+  const void *krows[KVA__TILE], *vrows[KVA__TILE];
+  int t, j0, j, rb;
+  KVATTN_ASSERT(nrows <= KVA__MAXROWS);
+  for (t = 0; t < nrows; t++) {
+    int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
+    qr[t] = q + ((size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->D;
+    acc[t] = out + ((size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->DV;
+    memset(acc[t], 0, (size_t)P->DV * sizeof(float));
+    qp[t] = q_pos ? q_pos[i] : (int32_t)(q_base + i);
+    if (qp[t] < qmin) qmin = qp[t];
+    if (qp[t] > qmax) qmax = qp[t];
+    m[t] = -INFINITY;
+    l[t] = 0.0f;
+  }
+  for (j0 = 0; j0 < n_kv; j0 += KVA__TILE) {
+    int nk = n_kv - j0 < KVA__TILE ? n_kv - j0 : KVA__TILE, all_visible;
+    kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
+    if (kmin > qmax) continue; /* every key is in every row's future */
+    if (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) continue;
+    all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
+    for (rb = 0; rb < nrows; rb += KVA__NR) {
+      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE);
+    }
+    for (t = 0; t < nrows; t++) {
+      float *s = scores + t * KVA__TILE, mt = -INFINITY, sum = 0.0f;
+      for (j = 0; j < nk; j++) {
+        float x = s[j] * P->scale;
+        if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
+        if (!all_visible && !kva__visible(P, qp[t], kpos[j])) x = -INFINITY;
+        s[j] = x;
+        if (x > mt) mt = x;
+      }
+      if (mt == -INFINITY) { /* nothing visible in this tile for this row */
+        memset(s, 0, (size_t)nk * sizeof(float));
+        continue;
+      }
+      if (mt > m[t]) {
+        if (l[t] > 0.0f) {
+          float alpha = expf(m[t] - mt);
+          int i;
+          for (i = 0; i < P->DV; i++) acc[t][i] *= alpha;
+          l[t] *= alpha;
+        }
+        m[t] = mt;
+      }
+      for (j = 0; j < nk; j++) s[j] -= m[t];
+      kva__exp_inplace(s, nk);
+      for (j = 0; j < nk; j++) sum += s[j];
+      l[t] += sum;
+    }
+    for (rb = 0; rb < nrows; rb += KVA__NR) {
+      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV);
+    }
+  }
+  for (t = 0; t < nrows; t++) {
+    int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
+    if (l[t] > 0.0f) {
+      float inv = 1.0f / l[t];
+      int k;
+      for (k = 0; k < P->DV; k++) acc[t][k] *= inv;
+    }
+    if (lse) lse[(size_t)i * (size_t)P->H + (size_t)h] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
+  }
+}
+
+static inline int kva__threads(int n_threads) {
+#if KVA__OMP
+  return n_threads > 0 ? n_threads : omp_get_max_threads();
+#else
+  (void)n_threads;
+  return 1;
+#endif
+}
+
+/* All rows of all KV heads; work items (KV head, row chunk) run in parallel. */
+static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view *w, int n_kv, const float *q,
+                                   int n_q, const int32_t *q_pos, int32_t q_base, float *out, float *lse,
+                                   int n_threads) {
+  int rows = n_q * P->R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
+  int items = P->G * chunks, it, nt = kva__threads(n_threads);
+  (void)nt;
+  KVA__OMP_FOR(nt)
+  for (it = 0; it < items; it++) {
+    int g = it / chunks, c0 = (it % chunks) * KVA__MAXROWS;
+    int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
+    kva__attend_rows(P, w, n_kv, g, q, q_pos, q_base, c0, nrows, out, lse);
+  }
+}
+
+static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *P) {
+  if (!a || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 || a->v_dim < 0) return KVA_ERR_ARG;
+  if (a->n_heads > (1 << 16) || a->head_dim > (1 << 16) || a->v_dim > (1 << 16)) return KVA_ERR_ARG;
+  if (a->n_heads % a->n_kv_heads != 0) return KVA_ERR_ARG;
+  if (a->window < 0 || a->n_sink < 0 || a->n_threads < 0) return KVA_ERR_ARG;
+  if (!(a->softcap >= 0.0f) || a->softcap > FLT_MAX) return KVA_ERR_ARG; /* rejects NaN, Inf */
+  if (!(a->scale >= -FLT_MAX && a->scale <= FLT_MAX)) return KVA_ERR_ARG;
+  P->H = a->n_heads;
+  P->G = a->n_kv_heads;
+  P->D = a->head_dim;
+  P->DV = a->v_dim ? a->v_dim : a->head_dim;
+  P->R = a->n_heads / a->n_kv_heads;
+  P->scale = a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->head_dim));
+  P->softcap = a->softcap;
+  P->window = a->window;
+  P->n_sink = a->n_sink;
+  return KVA_OK;
+}
+
+/* Scaled dot-product attention on plain float arrays (see API.md).
+   out must not overlap q, k or v. */
+KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const int32_t *q_pos, const float *k,
+                              const float *v, int n_kv, const int32_t *kv_pos, float *out, float *lse) {
+  kva__attn_params P;
+  kva__kv_view w;
+  if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
+  if (n_q < 0 || n_kv < 0) return KVA_ERR_ARG;
+  if (n_q == 0) return KVA_OK;
+  if (!q || !out || (n_kv > 0 && (!k || !v))) return KVA_ERR_ARG;
+  if (!q_pos && n_q > n_kv) return KVA_ERR_ARG;
+  if ((size_t)n_q * (size_t)P.H > (size_t)INT_MAX / 2) return KVA_ERR_ARG;
+  memset(&w, 0, sizeof w);
+  w.kt = w.vt = KVA_F32;
+  w.k = (const unsigned char *)k;
+  w.v = (const unsigned char *)v;
+  w.k_head_stride = (size_t)P.D * sizeof(float);
+  w.v_head_stride = (size_t)P.DV * sizeof(float);
+  w.k_tok_stride = w.k_head_stride * (size_t)P.G;
+  w.v_tok_stride = w.v_head_stride * (size_t)P.G;
+  w.pos = kv_pos;
+  if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
+  kva__attend_all(&P, &w, n_kv, q, n_q, q_pos, (int32_t)(n_kv - n_q), out, lse, a->n_threads);
+  return KVA_OK;
+}
+
+/* ======================================================================
+   [6] RoPE
+   ====================================================================== */
+
+static inline kva_status kva__rope_check(const kva_rope *r, int head_dim, int *dim) {
+  int d;
+  if (!r || head_dim <= 0) return KVA_ERR_ARG;
+  d = r->dim ? r->dim : head_dim;
+  if (d < 0 || d > head_dim || (d & 1)) return KVA_ERR_ARG;
+  if (!r->inv_freq && !(r->theta >= 0.0f && r->theta <= FLT_MAX)) return KVA_ERR_ARG;
+  *dim = d;
+  return KVA_OK;
+}
+
+static inline int kva__rope_active(const kva_rope *r) { return r && (r->theta != 0.0f || r->inv_freq); }
+
+/* Rotate one token's heads: x [n_heads][head_dim] at position pos. */
+static inline void kva__rope_token(const kva_rope *r, int dim, float *x, int n_heads, int head_dim, int32_t pos) {
+  int half = dim / 2, i, h;
+  for (i = 0; i < half; i++) {
+    double f = r->inv_freq ? (double)r->inv_freq[i] : pow((double)r->theta, -2.0 * i / (double)dim);
+    double ang = (double)pos * f, c = cos(ang), s = sin(ang);
+    for (h = 0; h < n_heads; h++) {
+      float *xh = x + (size_t)h * (size_t)head_dim;
+      int i0 = r->interleaved ? 2 * i : i, i1 = r->interleaved ? 2 * i + 1 : i + half;
+      double a = xh[i0], b = xh[i1];
+      xh[i0] = (float)(a * c - b * s);
+      xh[i1] = (float)(a * s + b * c);
+    }
+  }
+}
+
+/* In place over x [n_tokens][n_heads][head_dim]; pos NULL => 0..n_tokens-1. */
+KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int n_heads, int head_dim,
+                                  const int32_t *pos) {
+  int dim, t;
+  if (kva__rope_check(r, head_dim, &dim) != KVA_OK || n_tokens < 0 || n_heads <= 0) return KVA_ERR_ARG;
+  if (n_tokens == 0 || !kva__rope_active(r)) return KVA_OK;
+  if (!x) return KVA_ERR_ARG;
+  for (t = 0; t < n_tokens; t++)
+    kva__rope_token(r, dim, x + (size_t)t * (size_t)n_heads * (size_t)head_dim, n_heads, head_dim,
+                    pos ? pos[t] : (int32_t)t);
+  return KVA_OK;
+}
+
+/* ======================================================================
+   [7] paged KV cache: block pool and sequences
+   One pool per layer, indexed by block id; inside a layer's block:
+     K [kv_head][slot][head_dim] | V [kv_head][slot][v_dim]
+   (LATENT: only K; V is the first v_dim values of each K row).
+   Positions live beside the blocks in `block_pos` [layer][block][kv_head][slot]
+   (per head, so eviction can later keep different tokens per head).
+   A sequence's block table lists its block ids in token order; the same id
+   addresses every layer. Everything is allocated once, at create.
+   ====================================================================== */
+
+typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
+
+typedef struct {
+  kva_cache_kind kind;            /* LATENT: one vector per token, V = its first v_dim values (MLA) */
+  int n_layers, n_kv_heads, head_dim, v_dim; /* v_dim 0 => head_dim */
+  int block_size;                 /* tokens per block; 0 => 16 */
+  int n_blocks;                   /* pool size; 0 => derived from max_bytes */
+  size_t max_bytes;               /* KV bytes of the pool when n_blocks == 0 */
+  kva_dtype dtype;                /* storage of K (and V); DEFAULT => KVA_F16 */
+  kva_dtype v_dtype;              /* DEFAULT => same as dtype */
+  const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
+  float k_scale, v_scale;         /* FP8 only */
+  int max_seqs;                   /* live sequences at once; 0 => 256 */
+  int prefix_max_age;             /* prefix caching (not yet implemented: must be 0) */
+  void *(*alloc_fn)(size_t size, size_t align, void *user);
+  void (*free_fn)(void *p, size_t size, void *user);
+  void *user;
+} kva_cache_desc;
+
+typedef struct {
+  int n_blocks;         /* pool size */
+  int blocks_used;      /* referenced by a live sequence */
+  int blocks_cached;    /* published, referenced by none */
+  int blocks_free;      /* neither; used + cached + free == n_blocks */
+  int n_seqs;           /* live sequences */
+  size_t block_bytes;   /* one block, all layers, K+V+scales */
+  size_t bytes_total;   /* the whole pool */
+  size_t bytes_meta;    /* bookkeeping: tables, positions, sequence records */
+  long tokens_held;     /* sum of kva_seq_len over live sequences */
+  long prefix_queries, prefix_hits;
+} kva_cache_stats;
+
+typedef struct {
+  int gen;          /* the id is gen * max_seqs + index; bumped on free */
+  int live;
+  int len;          /* tokens held */
+  int pos;          /* next absolute position */
+  int n_blocks;     /* entries of table in use */
+  int last_append;  /* newest tokens that kva_store / kva_attend_cache may address */
+  int32_t *table;   /* [max_table] block ids */
+} kva__seq;
+
+typedef struct kva_cache kva_cache; /* members are not part of the contract */
+
+struct kva_cache {
+  kva_cache_kind kind;
+  int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live;
+  kva_dtype *kt, *vt;       /* [n_layers] */
+  size_t *k_row, *v_row;    /* [n_layers] bytes of one token of one head */
+  size_t *v_off;            /* [n_layers] offset of V inside a layer block */
+  size_t *layer_block;      /* [n_layers] bytes of one block of one layer */
+  unsigned char **pool;     /* [n_layers] */
+  int32_t *block_pos;       /* [n_layers][n_blocks][G][bs] */
+  int32_t *ref;             /* [n_blocks] */
+  int32_t *link_next, *link_prev; /* [n_blocks + 1]: circular free list, sentinel n_blocks */
+  int n_free;
+  kva__seq *seqs;           /* [max_seqs] */
+  size_t block_bytes, bytes_meta, alloc_bytes;
+  void *(*alloc_fn)(size_t, size_t, void *);
+  void (*free_fn)(void *, size_t, void *);
+  void *user;
+  void *raw;                /* the one allocation */
+};
+
+static inline kva_dtype kva__resolve_dtype(kva_dtype t) { return t == KVA_DTYPE_DEFAULT ? KVA_F16 : t; }
+static inline int kva__dtype_valid(kva_dtype t) { return t >= KVA_DTYPE_DEFAULT && t <= KVA_FP8_E5M2; }
+static inline int kva__dtype_implemented(kva_dtype t) { return t == KVA_F32 || t == KVA_F16 || t == KVA_BF16; }
+
+/* Bytes of one token of one head in type t (with its scale, for INT8). */
+static inline size_t kva__row_bytes(kva_dtype t, int dim) {
+  return kva__dtype_size(t) * (size_t)dim + (t == KVA_INT8 ? sizeof(float) : 0);
+}
+
+/* Storage types of layer l; 0 if the description's types are invalid. */
+static inline int kva__layer_types(const kva_cache_desc *d, int l, kva_dtype *kt, kva_dtype *vt) {
+  kva_dtype k = d->dtype, v = d->v_dtype;
+  if (d->layer_dtype) k = v = d->layer_dtype[l];
+  if (!kva__dtype_valid(k) || !kva__dtype_valid(v)) return 0;
+  k = kva__resolve_dtype(k);
+  v = v == KVA_DTYPE_DEFAULT ? k : v;
+  if (d->kind == KVA_CACHE_LATENT) v = k;
+  *kt = k;
+  *vt = v;
+  return 1;
+}
+
+static inline int kva__desc_shape_ok(const kva_cache_desc *d) {
+  if (!d || (d->kind != KVA_CACHE_KV && d->kind != KVA_CACHE_LATENT)) return 0;
+  if (d->n_layers <= 0 || d->n_kv_heads <= 0 || d->head_dim <= 0 || d->v_dim < 0) return 0;
+  if (d->n_layers > (1 << 16) || d->n_kv_heads > (1 << 16) || d->head_dim > (1 << 16) || d->v_dim > (1 << 16))
+    return 0;
+  if (d->kind == KVA_CACHE_LATENT && d->v_dim > d->head_dim) return 0;
+  return 1;
+}
+
+/* Stored bytes of one token over all layers: K, V (once for LATENT), scales. */
+KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d) {
+  size_t total = 0;
+  int l, dv;
+  if (!kva__desc_shape_ok(d)) return 0;
+  dv = d->v_dim ? d->v_dim : d->head_dim;
+  for (l = 0; l < d->n_layers; l++) {
+    kva_dtype kt, vt;
+    if (!kva__layer_types(d, l, &kt, &vt)) return 0;
+    total += (size_t)d->n_kv_heads * kva__row_bytes(kt, d->head_dim);
+    if (d->kind == KVA_CACHE_KV) total += (size_t)d->n_kv_heads * kva__row_bytes(vt, dv);
+  }
+  return total;
+}
+
+static inline size_t kva__align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* circular doubly linked list over block ids, sentinel at n_blocks */
+static inline void kva__list_remove(kva_cache *c, int b) {
+  c->link_next[c->link_prev[b]] = c->link_next[b];
+  c->link_prev[c->link_next[b]] = c->link_prev[b];
+}
+static inline void kva__list_push_back(kva_cache *c, int b) {
+  int s = c->n_blocks, last = c->link_prev[s];
+  c->link_next[last] = b;
+  c->link_prev[b] = last;
+  c->link_next[b] = s;
+  c->link_prev[s] = b;
+}
+
+KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
+  kva_cache tmp, *c;
+  size_t block_bytes = 0, off, total, pos_bytes;
+  size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_ref, o_next, o_prev, o_seqs, o_tables, o_data;
+  int l, i, bs, n_blocks, max_seqs;
+  unsigned char *raw;
+  if (!out || !kva__desc_shape_ok(d)) return KVA_ERR_ARG;
+  if (d->block_size < 0 || d->n_blocks < 0 || d->max_seqs < 0 || d->prefix_max_age < 0) return KVA_ERR_ARG;
+  if ((d->alloc_fn == NULL) != (d->free_fn == NULL)) return KVA_ERR_ARG;
+  if (d->n_blocks == 0 && d->max_bytes == 0) return KVA_ERR_ARG;
+  bs = d->block_size ? d->block_size : 16;
+  max_seqs = d->max_seqs ? d->max_seqs : 256;
+  if (bs > (1 << 20) || max_seqs > (1 << 20)) return KVA_ERR_ARG;
+  for (l = 0; l < d->n_layers; l++) {
+    kva_dtype kt, vt;
+    if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
+    if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
+    if ((vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f)) return KVA_ERR_ARG;
+  }
+  for (l = 0; l < d->n_layers; l++) {
+    kva_dtype kt, vt;
+    kva__layer_types(d, l, &kt, &vt);
+    if (!kva__dtype_implemented(kt) || !kva__dtype_implemented(vt)) return KVA_ERR_UNSUPPORTED;
+  }
+  if (d->prefix_max_age != 0) return KVA_ERR_UNSUPPORTED;
+
+  memset(&tmp, 0, sizeof tmp);
+  /* per-layer block sizes, each layer's block 64-byte aligned */
+  for (l = 0; l < d->n_layers; l++) {
+    kva_dtype kt, vt;
+    size_t kb, vb;
+    kva__layer_types(d, l, &kt, &vt);
+    kb = kva__row_bytes(kt, d->head_dim) * (size_t)d->n_kv_heads * (size_t)bs;
+    vb = d->kind == KVA_CACHE_KV ? kva__row_bytes(vt, d->v_dim ? d->v_dim : d->head_dim) *
+                                       (size_t)d->n_kv_heads * (size_t)bs
+                                 : 0;
+    block_bytes += kva__align64(kb + vb);
+  }
+  if (d->n_blocks) n_blocks = d->n_blocks;
+  else {
+    size_t nb = d->max_bytes / block_bytes;
+    if (nb == 0) return KVA_ERR_ARG; /* max_bytes holds not even one block */
+    n_blocks = nb > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)nb;
+  }
+  if ((size_t)n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
+  if (block_bytes > ((size_t)-1) / 4 / (size_t)n_blocks) return KVA_ERR_NOMEM;
+
+  /* carve everything out of one allocation */
+  off = kva__align64(sizeof(kva_cache));
+  o_kt = off; off = kva__align64(off + sizeof(kva_dtype) * (size_t)d->n_layers);
+  o_vt = off; off = kva__align64(off + sizeof(kva_dtype) * (size_t)d->n_layers);
+  o_krow = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
+  o_vrow = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
+  o_voff = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
+  o_lb = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
+  o_pool = off; off = kva__align64(off + sizeof(unsigned char *) * (size_t)d->n_layers);
+  pos_bytes = sizeof(int32_t) * (size_t)d->n_layers * (size_t)n_blocks * (size_t)d->n_kv_heads * (size_t)bs;
+  o_pos = off; off = kva__align64(off + pos_bytes);
+  o_ref = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks);
+  o_next = off; off = kva__align64(off + sizeof(int32_t) * ((size_t)n_blocks + 1));
+  o_prev = off; off = kva__align64(off + sizeof(int32_t) * ((size_t)n_blocks + 1));
+  o_seqs = off; off = kva__align64(off + sizeof(kva__seq) * (size_t)max_seqs);
+  o_tables = off; off = kva__align64(off + sizeof(int32_t) * (size_t)max_seqs * (size_t)n_blocks);
+  o_data = off;
+  total = o_data + block_bytes * (size_t)n_blocks;
+  if (total < o_data) return KVA_ERR_NOMEM;
+
+  if (d->alloc_fn) raw = (unsigned char *)d->alloc_fn(total, 64, d->user);
+  else {
+    unsigned char *r = (unsigned char *)KVATTN_MALLOC(total + 64);
+    raw = r;
+    if (r) { /* align by hand; remember the malloc pointer just before the cache */
+      raw = r + (64 - ((uintptr_t)r & 63)); /* the malloc pointer is kept in c->raw */
+      tmp.raw = r;
+    }
+  }
+  if (!raw) return KVA_ERR_NOMEM;
+  memset(raw, 0, o_data); /* bookkeeping only: block data is zeroed as slots are appended */
+  c = (kva_cache *)raw;
+  c->raw = d->alloc_fn ? (void *)raw : tmp.raw;
+  c->alloc_fn = d->alloc_fn;
+  c->free_fn = d->free_fn;
+  c->user = d->user;
+  c->alloc_bytes = total;
+  c->kind = d->kind;
+  c->n_layers = d->n_layers;
+  c->G = d->n_kv_heads;
+  c->D = d->head_dim;
+  c->DV = d->v_dim ? d->v_dim : d->head_dim;
+  c->bs = bs;
+  c->n_blocks = n_blocks;
+  c->max_seqs = max_seqs;
+  c->max_table = n_blocks;
+  c->kt = (kva_dtype *)(raw + o_kt);
+  c->vt = (kva_dtype *)(raw + o_vt);
+  c->k_row = (size_t *)(raw + o_krow);
+  c->v_row = (size_t *)(raw + o_vrow);
+  c->v_off = (size_t *)(raw + o_voff);
+  c->layer_block = (size_t *)(raw + o_lb);
+  c->pool = (unsigned char **)(raw + o_pool);
+  c->block_pos = (int32_t *)(raw + o_pos);
+  c->ref = (int32_t *)(raw + o_ref);
+  c->link_next = (int32_t *)(raw + o_next);
+  c->link_prev = (int32_t *)(raw + o_prev);
+  c->seqs = (kva__seq *)(raw + o_seqs);
+  off = o_data;
+  for (l = 0; l < d->n_layers; l++) {
+    kva__layer_types(d, l, &c->kt[l], &c->vt[l]);
+    c->k_row[l] = kva__row_bytes(c->kt[l], c->D);
+    c->v_row[l] = c->kind == KVA_CACHE_KV ? kva__row_bytes(c->vt[l], c->DV) : c->k_row[l];
+    c->v_off[l] = c->kind == KVA_CACHE_KV ? c->k_row[l] * (size_t)c->G * (size_t)bs : 0;
+    c->layer_block[l] =
+        kva__align64(c->k_row[l] * (size_t)c->G * (size_t)bs + (c->kind == KVA_CACHE_KV ? c->v_row[l] * (size_t)c->G * (size_t)bs : 0));
+    c->pool[l] = raw + off;
+    off += c->layer_block[l] * (size_t)n_blocks;
+  }
+  c->block_bytes = block_bytes;
+  c->bytes_meta = o_data;
+  for (i = 0; i < max_seqs; i++) c->seqs[i].table = (int32_t *)(raw + o_tables) + (size_t)i * (size_t)n_blocks;
+  c->link_next[n_blocks] = c->link_prev[n_blocks] = n_blocks;
+  for (i = 0; i < n_blocks; i++) kva__list_push_back(c, i);
+  c->n_free = n_blocks;
+  *out = c;
+  return KVA_OK;
+}
+
+KVA_API void kva_cache_destroy(kva_cache *c) {
+  if (!c) return;
+  if (c->free_fn) c->free_fn(c->raw, c->alloc_bytes, c->user);
+  else KVATTN_FREE(c->raw);
+}
+
+/* The record of a live sequence id, or NULL. */
+static inline kva__seq *kva__seq_get(const kva_cache *c, int seq) {
+  kva__seq *s;
+  if (!c || seq < 0) return NULL;
+  s = &c->seqs[seq % c->max_seqs];
+  return s->live && s->gen == seq / c->max_seqs ? s : NULL;
+}
+
+KVA_API kva_status kva_seq_new(kva_cache *c, int *seq) {
+  int i, gen_limit;
+  if (!c || !seq) return KVA_ERR_ARG;
+  gen_limit = INT_MAX / c->max_seqs; /* a slot whose generations ran out is retired: ids are never reused */
+  for (i = 0; i < c->max_seqs; i++) {
+    kva__seq *s = &c->seqs[i];
+    if (s->live || s->gen >= gen_limit) continue;
+    s->live = 1;
+    s->len = s->pos = s->n_blocks = s->last_append = 0;
+    c->n_live++;
+    *seq = s->gen * c->max_seqs + i;
+    return KVA_OK;
+  }
+  return KVA_ERR_FULL; /* max_seqs live sequences */
+}
+
+static inline void kva__block_release(kva_cache *c, int b) {
+  KVATTN_ASSERT(c->ref[b] > 0);
+  if (--c->ref[b] == 0) {
+    kva__list_push_back(c, b);
+    c->n_free++;
+  }
+}
+
+KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
+  kva__seq *s;
+  int i;
+  if (!c) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  for (i = s->n_blocks - 1; i >= 0; i--) kva__block_release(c, s->table[i]); /* tail first */
+  s->live = 0;
+  s->gen++;
+  s->len = s->pos = s->n_blocks = s->last_append = 0;
+  c->n_live--;
+  return KVA_OK;
+}
+
+KVA_API int kva_seq_len(const kva_cache *c, int seq) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  return s ? s->len : -1;
+}
+
+KVA_API int kva_seq_pos(const kva_cache *c, int seq) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  return s ? s->pos : -1;
+}
+
+static inline int kva__blocks_for(const kva_cache *c, long tokens) { return (int)((tokens + c->bs - 1) / c->bs); }
+
+/* Token `slot` of sequence s: its block id and the slot inside the block. */
+static inline int32_t kva__slot_block(const kva_cache *c, const kva__seq *s, int slot, int *in_block) {
+  *in_block = slot % c->bs;
+  return s->table[slot / c->bs];
+}
+
+static inline unsigned char *kva__k_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->pool[l] + (size_t)b * c->layer_block[l] + ((size_t)g * (size_t)c->bs + (size_t)slot) * c->k_row[l];
+}
+static inline unsigned char *kva__v_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->pool[l] + (size_t)b * c->layer_block[l] + c->v_off[l] +
+         ((size_t)g * (size_t)c->bs + (size_t)slot) * c->v_row[l];
+}
+static inline int32_t *kva__pos_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->block_pos + (((size_t)l * (size_t)c->n_blocks + (size_t)b) * (size_t)c->G + (size_t)g) * (size_t)c->bs +
+         (size_t)slot;
+}
+
+/* Slot `slot` of every layer and head: zero data, set position. */
+static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos) {
+  int l, g;
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++) {
+      memset(kva__k_ptr(c, l, b, g, slot), 0, c->k_row[l]);
+      if (c->kind == KVA_CACHE_KV) memset(kva__v_ptr(c, l, b, g, slot), 0, c->v_row[l]);
+      *kva__pos_ptr(c, l, b, g, slot) = pos;
+    }
+}
+
+/* Make room for n_tokens more tokens at the next positions: all or nothing. */
+KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
+  kva__seq *s;
+  int need, i;
+  if (!c || n_tokens < 0) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_tokens == 0) return KVA_OK;
+  if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_ERR_ARG; /* positions are int32 */
+  need = kva__blocks_for(c, (long)s->len + n_tokens) - s->n_blocks;
+  if (need > c->n_free) return KVA_ERR_FULL;
+  for (i = 0; i < need; i++) {
+    int b = c->link_next[c->n_blocks];
+    kva__list_remove(c, b);
+    c->n_free--;
+    c->ref[b] = 1;
+    s->table[s->n_blocks++] = b;
+  }
+  for (i = 0; i < n_tokens; i++) {
+    int slot = s->len + i, in_block;
+    int32_t b = kva__slot_block(c, s, slot, &in_block);
+    kva__slot_init(c, b, in_block, (int32_t)(s->pos + i));
+  }
+  s->len += n_tokens;
+  s->pos += n_tokens;
+  s->last_append = n_tokens;
+  return KVA_OK;
+}
+
+/* ======================================================================
+   [8] cache store / attend / read
+   ====================================================================== */
+
+/* Write K (and V) of the newest n_tokens slots of `layer`.
+   k [n_tokens][n_kv_heads][head_dim], v [n_tokens][n_kv_heads][v_dim] (NULL for LATENT). */
+KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens) {
+  kva__seq *s;
+  int t, g;
+  if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0) return KVA_ERR_ARG;
+  if (n_tokens == 0) return KVA_OK;
+  if (!k || (c->kind == KVA_CACHE_KV && !v)) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_tokens > s->last_append) return KVA_ERR_ARG;
+  for (t = 0; t < n_tokens; t++) {
+    int slot = s->len - n_tokens + t, in_block;
+    int32_t b = kva__slot_block(c, s, slot, &in_block);
+    for (g = 0; g < c->G; g++) {
+      kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
+                     k + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->D, c->D);
+      if (c->kind == KVA_CACHE_KV)
+        kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
+                       v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV);
+    }
+  }
+  return KVA_OK;
+}
+
+static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int layer, kva__kv_view *w) {
+  memset(w, 0, sizeof *w);
+  w->paged = 1;
+  w->kt = c->kt[layer];
+  w->vt = c->kind == KVA_CACHE_KV ? c->vt[layer] : c->kt[layer];
+  w->pool = c->pool[layer];
+  w->block_bytes = c->layer_block[layer];
+  w->v_off = c->v_off[layer];
+  w->k_row = c->k_row[layer];
+  w->v_row = c->v_row[layer];
+  w->table = s->table;
+  w->block_pos = c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
+  w->block_size = c->bs;
+  w->n_kv_heads = c->G;
+}
+
+/* Attention of the newest n_q tokens (q [n_q][n_heads][head_dim]) over the
+   sequence's cached keys of `layer`, reading the blocks in place. */
+KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
+                                    float *out) {
+  kva__attn_params P;
+  kva__kv_view w;
+  kva__seq *s;
+  if (!c || layer < 0 || layer >= c->n_layers || n_q < 0) return KVA_ERR_ARG;
+  if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
+  if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
+  if (n_q == 0) return KVA_OK;
+  if (!q || !out) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_q > s->last_append) return KVA_ERR_ARG;
+  kva__cache_view(c, s, layer, &w);
+  kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads);
+  return KVA_OK;
+}
+
+/* A dequantized copy of slot `slot`: k [n_kv_heads][head_dim], v [n_kv_heads][v_dim],
+   pos [n_kv_heads]; any output may be NULL. */
+KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
+                                int32_t *pos) {
+  const kva__seq *s;
+  int g, in_block;
+  int32_t b;
+  if (!c || layer < 0 || layer >= c->n_layers || slot < 0) return KVA_ERR_ARG;
+  if (c->kind == KVA_CACHE_LATENT && v) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (slot >= s->len) return KVA_ERR_ARG;
+  b = kva__slot_block(c, s, slot, &in_block);
+  for (g = 0; g < c->G; g++) {
+    if (k) kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D);
+    if (v) kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV);
+    if (pos) pos[g] = *kva__pos_ptr(c, layer, b, g, in_block);
+  }
+  return KVA_OK;
+}
+
+/* ======================================================================
+   [9] layers: GQA forward (MHA: G == H, MQA: G == 1)
+   ====================================================================== */
+
+typedef struct {
+  int d_model;
+  kva_attn attn;                                     /* n_heads, n_kv_heads, head_dim, window, ...; v_dim 0 */
+  const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* [H*D][d], [G*D][d], [G*D][d], [d][H*D]; biases may be NULL */
+  kva_rope rope;
+} kva_gqa_layer;
+
+/* y [n][n_out] = x [n][n_in] . W^T (+ b); W is [n_out][n_in] (nn.Linear). */
+static inline void kva__linear(const float *x, int n, int n_in, const float *w, const float *b, int n_out, float *y,
+                               int n_threads) {
+  int o, nt = kva__threads(n_threads);
+  (void)nt;
+  KVA__OMP_FOR(nt)
+  for (o = 0; o < n_out; o++) {
+    const float *wo = w + (size_t)o * (size_t)n_in;
+    float bias = b ? b[o] : 0.0f;
+    int t;
+    for (t = 0; t < n; t++)
+      y[(size_t)t * (size_t)n_out + (size_t)o] = kva__dot_f32(x + (size_t)t * (size_t)n_in, wo, n_in) + bias;
+  }
+}
+
+/* Project, RoPE at the absolute positions, store, attend causally over the
+   cache, project out. Call kva_seq_append(c, seq, n_tokens) first. */
+KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq, int layer, const float *x,
+                                   int n_tokens, float *y) {
+  kva__attn_params P;
+  kva__seq *s;
+  float *q, *k, *v, *att;
+  int32_t *pos;
+  int t, dim, nt;
+  size_t nq, nkv;
+  kva_status st;
+  if (!L || !c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || L->d_model <= 0) return KVA_ERR_ARG;
+  if (kva__attn_resolve(&L->attn, &P) != KVA_OK || L->attn.v_dim != 0) return KVA_ERR_ARG;
+  if (P.G != c->G || P.D != c->D || P.DV != c->DV || c->kind != KVA_CACHE_KV) return KVA_ERR_ARG;
+  if (kva__rope_check(&L->rope, P.D, &dim) != KVA_OK) return KVA_ERR_ARG;
+  if (n_tokens == 0) return KVA_OK;
+  if (!x || !y || !L->wq || !L->wk || !L->wv || !L->wo) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_tokens > s->last_append) return KVA_ERR_ARG;
+
+  nq = (size_t)n_tokens * (size_t)P.H * (size_t)P.D;
+  nkv = (size_t)n_tokens * (size_t)P.G * (size_t)P.D;
+  q = (float *)KVATTN_MALLOC((2 * nq + 2 * nkv) * sizeof(float) + (size_t)n_tokens * sizeof(int32_t));
+  if (!q) return KVA_ERR_NOMEM;
+  k = q + nq;
+  v = k + nkv;
+  att = v + nkv;
+  pos = (int32_t *)(att + nq);
+  nt = L->attn.n_threads;
+  kva__linear(x, n_tokens, L->d_model, L->wq, L->bq, P.H * P.D, q, nt);
+  kva__linear(x, n_tokens, L->d_model, L->wk, L->bk, P.G * P.D, k, nt);
+  kva__linear(x, n_tokens, L->d_model, L->wv, L->bv, P.G * P.D, v, nt);
+  for (t = 0; t < n_tokens; t++) pos[t] = (int32_t)(s->pos - n_tokens + t);
+  kva_rope_apply(&L->rope, q, n_tokens, P.H, P.D, pos);
+  kva_rope_apply(&L->rope, k, n_tokens, P.G, P.D, pos);
+  st = kva_store(c, seq, layer, k, v, n_tokens);
+  if (st == KVA_OK) st = kva_attend_cache(c, seq, layer, &L->attn, q, n_tokens, att);
+  if (st == KVA_OK) kva__linear(att, n_tokens, P.H * P.D, L->wo, L->bo, L->d_model, y, nt);
+  KVATTN_FREE(q);
+  return st;
+}
+
+
+/* ======================================================================
+   [10] stats
+   ====================================================================== */
+
+KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
+  int i;
+  if (!st) return;
+  memset(st, 0, sizeof *st);
+  if (!c) return;
+  st->n_blocks = c->n_blocks;
+  st->blocks_free = c->n_free;
+  st->blocks_used = c->n_blocks - c->n_free;
+  st->blocks_cached = 0;
+  st->n_seqs = c->n_live;
+  st->block_bytes = c->block_bytes;
+  st->bytes_total = c->block_bytes * (size_t)c->n_blocks;
+  st->bytes_meta = c->bytes_meta;
+  for (i = 0; i < c->max_seqs; i++)
+    if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
+}
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVATTN_H */
+
+/*
+MIT License
+
+Copyright (c) 2026 the kvattn authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy
+of this software and associated documentation files (the "Software"), to deal
+in the Software without restriction, including without limitation the rights
+to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+*/
