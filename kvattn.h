@@ -1004,7 +1004,8 @@ typedef struct {
   const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
   float k_scale, v_scale;         /* FP8 only */
   int max_seqs;                   /* live sequences at once; 0 => 256 */
-  int prefix_max_age;             /* prefix caching (not yet implemented: must be 0) */
+  int prefix_max_age;             /* 0 => none; else a published block unused for this many
+                                     kva_seq_append calls (cache-wide) is forgotten */
   void *(*alloc_fn)(size_t size, size_t align, void *user);
   void (*free_fn)(void *p, size_t size, void *user);
   void *user;
@@ -1020,7 +1021,13 @@ typedef struct {
   size_t bytes_total;   /* the whole pool */
   size_t bytes_meta;    /* bookkeeping: tables, positions, sequence records */
   long tokens_held;     /* sum of kva_seq_len over live sequences */
-  long prefix_queries, prefix_hits;
+  long prefix_queries, prefix_hits; /* tokens asked for / tokens reused by kva_seq_new_prefix */
+  /* beyond the contract: */
+  long token_slots;     /* token slots in the used blocks (blocks_used * block_size): */
+                        /* tokens_held / token_slots is the occupancy (shared blocks count once) */
+  long cow_copies;      /* blocks copied because an append wrote into a shared block */
+  long appends_failed;  /* kva_seq_append calls that returned KVA_ERR_FULL */
+  long prefix_forgotten;/* published blocks dropped by prefix_max_age or recycled for space */
 } kva_cache_stats;
 
 typedef struct {
@@ -1035,6 +1042,19 @@ typedef struct {
 
 typedef struct kva_cache kva_cache; /* members are not part of the contract */
 
+/* Per block bookkeeping. A block is in at most one list: the free list
+   (ref 0, not published) or the cached list (ref 0, published; LRU order). */
+typedef struct {
+  int32_t ref;              /* sequences whose table holds the block */
+  int32_t next, prev;       /* list links */
+  int32_t hnext;            /* next block in the same prefix-hash bucket */
+  int32_t parent;           /* published: block before it in its chain, -1 for the first */
+  int32_t published;
+  uint64_t pub_gen;         /* unique per publication: children name their parent by (id, pub_gen) */
+  uint64_t parent_gen, salt, hash;
+  long last_use;            /* append counter at the last release or hit */
+} kva__block;
+
 struct kva_cache {
   kva_cache_kind kind;
   int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live;
@@ -1044,9 +1064,12 @@ struct kva_cache {
   size_t *layer_block;      /* [n_layers] bytes of one block of one layer */
   unsigned char **pool;     /* [n_layers] */
   int32_t *block_pos;       /* [n_layers][n_blocks][G][bs] */
-  int32_t *ref;             /* [n_blocks] */
-  int32_t *link_next, *link_prev; /* [n_blocks + 1]: circular free list, sentinel n_blocks */
-  int n_free;
+  kva__block *blk;          /* [n_blocks + 2]; sentinels: free list n_blocks, cached list n_blocks+1 */
+  int32_t *blk_tokens;      /* [n_blocks][bs] token ids a published block was published under */
+  int32_t *buckets;         /* [n_buckets] prefix hash table heads */
+  uint64_t bucket_mask, pub_counter;
+  int n_free, n_cached, n_used, prefix_max_age;
+  long append_counter, prefix_queries, prefix_hits, cow_copies, appends_failed, prefix_forgotten;
   kva__seq *seqs;           /* [max_seqs] */
   size_t block_bytes, bytes_meta, alloc_bytes;
   void *(*alloc_fn)(size_t, size_t, void *);
@@ -1103,23 +1126,27 @@ KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d) {
 
 static inline size_t kva__align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* circular doubly linked list over block ids, sentinel at n_blocks */
+/* Intrusive circular doubly linked lists over block ids: O(1) push,
+   pop and remove-from-middle. */
+#define KVA__FREE_LIST(c) ((c)->n_blocks)
+#define KVA__CACHED_LIST(c) ((c)->n_blocks + 1)
 static inline void kva__list_remove(kva_cache *c, int b) {
-  c->link_next[c->link_prev[b]] = c->link_next[b];
-  c->link_prev[c->link_next[b]] = c->link_prev[b];
+  c->blk[c->blk[b].prev].next = c->blk[b].next;
+  c->blk[c->blk[b].next].prev = c->blk[b].prev;
 }
-static inline void kva__list_push_back(kva_cache *c, int b) {
-  int s = c->n_blocks, last = c->link_prev[s];
-  c->link_next[last] = b;
-  c->link_prev[b] = last;
-  c->link_next[b] = s;
-  c->link_prev[s] = b;
+static inline void kva__list_push_back(kva_cache *c, int list, int b) {
+  int last = c->blk[list].prev;
+  c->blk[last].next = b;
+  c->blk[b].prev = last;
+  c->blk[b].next = list;
+  c->blk[list].prev = b;
 }
 
 KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   kva_cache tmp, *c;
   size_t block_bytes = 0, off, total, pos_bytes;
-  size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_ref, o_next, o_prev, o_seqs, o_tables, o_data;
+  size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_blk, o_tok, o_bkt, o_seqs, o_tables, o_data;
+  size_t n_buckets = 1;
   int l, i, bs, n_blocks, max_seqs;
   unsigned char *raw;
   if (!out || !kva__desc_shape_ok(d)) return KVA_ERR_ARG;
@@ -1140,7 +1167,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     kva__layer_types(d, l, &kt, &vt);
     if (!kva__dtype_implemented(kt) || !kva__dtype_implemented(vt)) return KVA_ERR_UNSUPPORTED;
   }
-  if (d->prefix_max_age != 0) return KVA_ERR_UNSUPPORTED;
 
   memset(&tmp, 0, sizeof tmp);
   /* per-layer block sizes, each layer's block 64-byte aligned */
@@ -1174,9 +1200,10 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   o_pool = off; off = kva__align64(off + sizeof(unsigned char *) * (size_t)d->n_layers);
   pos_bytes = sizeof(int32_t) * (size_t)d->n_layers * (size_t)n_blocks * (size_t)d->n_kv_heads * (size_t)bs;
   o_pos = off; off = kva__align64(off + pos_bytes);
-  o_ref = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks);
-  o_next = off; off = kva__align64(off + sizeof(int32_t) * ((size_t)n_blocks + 1));
-  o_prev = off; off = kva__align64(off + sizeof(int32_t) * ((size_t)n_blocks + 1));
+  while (n_buckets < (size_t)n_blocks) n_buckets <<= 1;
+  o_blk = off; off = kva__align64(off + sizeof(kva__block) * ((size_t)n_blocks + 2));
+  o_tok = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
+  o_bkt = off; off = kva__align64(off + sizeof(int32_t) * n_buckets);
   o_seqs = off; off = kva__align64(off + sizeof(kva__seq) * (size_t)max_seqs);
   o_tables = off; off = kva__align64(off + sizeof(int32_t) * (size_t)max_seqs * (size_t)n_blocks);
   o_data = off;
@@ -1217,9 +1244,12 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->layer_block = (size_t *)(raw + o_lb);
   c->pool = (unsigned char **)(raw + o_pool);
   c->block_pos = (int32_t *)(raw + o_pos);
-  c->ref = (int32_t *)(raw + o_ref);
-  c->link_next = (int32_t *)(raw + o_next);
-  c->link_prev = (int32_t *)(raw + o_prev);
+  c->blk = (kva__block *)(raw + o_blk);
+  c->blk_tokens = (int32_t *)(raw + o_tok);
+  c->buckets = (int32_t *)(raw + o_bkt);
+  c->bucket_mask = (uint64_t)n_buckets - 1;
+  c->prefix_max_age = d->prefix_max_age;
+  for (i = 0; i < (int)n_buckets; i++) c->buckets[i] = -1;
   c->seqs = (kva__seq *)(raw + o_seqs);
   off = o_data;
   for (l = 0; l < d->n_layers; l++) {
@@ -1235,8 +1265,8 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->block_bytes = block_bytes;
   c->bytes_meta = o_data;
   for (i = 0; i < max_seqs; i++) c->seqs[i].table = (int32_t *)(raw + o_tables) + (size_t)i * (size_t)n_blocks;
-  c->link_next[n_blocks] = c->link_prev[n_blocks] = n_blocks;
-  for (i = 0; i < n_blocks; i++) kva__list_push_back(c, i);
+  for (i = n_blocks; i < n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
+  for (i = 0; i < n_blocks; i++) kva__list_push_back(c, KVA__FREE_LIST(c), i);
   c->n_free = n_blocks;
   *out = c;
   return KVA_OK;
@@ -1246,62 +1276,6 @@ KVA_API void kva_cache_destroy(kva_cache *c) {
   if (!c) return;
   if (c->free_fn) c->free_fn(c->raw, c->alloc_bytes, c->user);
   else KVATTN_FREE(c->raw);
-}
-
-/* The record of a live sequence id, or NULL. */
-static inline kva__seq *kva__seq_get(const kva_cache *c, int seq) {
-  kva__seq *s;
-  if (!c || seq < 0) return NULL;
-  s = &c->seqs[seq % c->max_seqs];
-  return s->live && s->gen == seq / c->max_seqs ? s : NULL;
-}
-
-KVA_API kva_status kva_seq_new(kva_cache *c, int *seq) {
-  int i, gen_limit;
-  if (!c || !seq) return KVA_ERR_ARG;
-  gen_limit = INT_MAX / c->max_seqs; /* a slot whose generations ran out is retired: ids are never reused */
-  for (i = 0; i < c->max_seqs; i++) {
-    kva__seq *s = &c->seqs[i];
-    if (s->live || s->gen >= gen_limit) continue;
-    s->live = 1;
-    s->len = s->pos = s->n_blocks = s->last_append = 0;
-    c->n_live++;
-    *seq = s->gen * c->max_seqs + i;
-    return KVA_OK;
-  }
-  return KVA_ERR_FULL; /* max_seqs live sequences */
-}
-
-static inline void kva__block_release(kva_cache *c, int b) {
-  KVATTN_ASSERT(c->ref[b] > 0);
-  if (--c->ref[b] == 0) {
-    kva__list_push_back(c, b);
-    c->n_free++;
-  }
-}
-
-KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
-  kva__seq *s;
-  int i;
-  if (!c) return KVA_ERR_ARG;
-  s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
-  for (i = s->n_blocks - 1; i >= 0; i--) kva__block_release(c, s->table[i]); /* tail first */
-  s->live = 0;
-  s->gen++;
-  s->len = s->pos = s->n_blocks = s->last_append = 0;
-  c->n_live--;
-  return KVA_OK;
-}
-
-KVA_API int kva_seq_len(const kva_cache *c, int seq) {
-  const kva__seq *s = kva__seq_get(c, seq);
-  return s ? s->len : -1;
-}
-
-KVA_API int kva_seq_pos(const kva_cache *c, int seq) {
-  const kva__seq *s = kva__seq_get(c, seq);
-  return s ? s->pos : -1;
 }
 
 static inline int kva__blocks_for(const kva_cache *c, long tokens) { return (int)((tokens + c->bs - 1) / c->bs); }
@@ -1335,24 +1309,210 @@ static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos
     }
 }
 
+/* --- prefix hash table --- */
+
+/* The key of a published block: its parent publication, the salt and its
+   token ids. The hash only picks a bucket; hits compare everything. */
+static inline uint64_t kva__prefix_hash(int32_t parent, uint64_t parent_gen, uint64_t salt, const int32_t *tokens,
+                                        int n) {
+#ifdef KVATTN_TEST_WEAK_HASH /* tests: every key collides, so only the full comparison separates them */
+  (void)parent; (void)parent_gen; (void)salt; (void)tokens; (void)n;
+  return 7;
+#else
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ salt;
+  int i;
+  h = (h ^ (uint64_t)(uint32_t)parent) * 0x100000001b3ull;
+  h = (h ^ parent_gen) * 0xff51afd7ed558ccdull;
+  for (i = 0; i < n; i++) {
+    h ^= (uint64_t)(uint32_t)tokens[i];
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+  }
+  return h ^ (h >> 32);
+#endif
+}
+
+static inline int32_t kva__prefix_find(const kva_cache *c, int32_t parent, uint64_t parent_gen, uint64_t salt,
+                                       const int32_t *tokens) {
+  uint64_t h = kva__prefix_hash(parent, parent_gen, salt, tokens, c->bs);
+  int32_t b;
+  for (b = c->buckets[h & c->bucket_mask]; b >= 0; b = c->blk[b].hnext) {
+    const kva__block *k = &c->blk[b];
+    if (k->hash == h && k->parent == parent && k->parent_gen == parent_gen && k->salt == salt &&
+        memcmp(c->blk_tokens + (size_t)b * (size_t)c->bs, tokens, (size_t)c->bs * sizeof(int32_t)) == 0)
+      return b;
+  }
+  return -1;
+}
+
+static inline void kva__unpublish(kva_cache *c, int32_t b) {
+  kva__block *k = &c->blk[b];
+  int32_t *link = &c->buckets[k->hash & c->bucket_mask];
+  while (*link != b) link = &c->blk[*link].hnext;
+  *link = k->hnext;
+  k->published = 0;
+  if (k->ref == 0) { /* cached -> free */
+    kva__list_remove(c, b);
+    c->n_cached--;
+    kva__list_push_back(c, KVA__FREE_LIST(c), b);
+    c->n_free++;
+  }
+}
+
+/* --- block pool --- */
+
+/* Take a block: a free one, else the least recently used cached one. */
+static inline int32_t kva__block_take(kva_cache *c) {
+  int32_t b;
+  if (c->n_free == 0) {
+    KVATTN_ASSERT(c->n_cached > 0);
+    kva__unpublish(c, c->blk[KVA__CACHED_LIST(c)].next);
+    c->prefix_forgotten++;
+  }
+  b = c->blk[KVA__FREE_LIST(c)].next;
+  kva__list_remove(c, b);
+  c->n_free--;
+  c->blk[b].ref = 1;
+  c->n_used++;
+  return b;
+}
+
+static inline void kva__block_ref(kva_cache *c, int32_t b) {
+  if (c->blk[b].ref++ == 0) { /* a cached block comes back into use */
+    kva__list_remove(c, b);
+    c->n_cached--;
+    c->n_used++;
+  }
+}
+
+static inline void kva__block_release(kva_cache *c, int32_t b) {
+  KVATTN_ASSERT(c->blk[b].ref > 0);
+  if (--c->blk[b].ref > 0) return;
+  c->n_used--;
+  c->blk[b].last_use = c->append_counter;
+  if (c->blk[b].published) {
+    kva__list_push_back(c, KVA__CACHED_LIST(c), b);
+    c->n_cached++;
+  } else {
+    kva__list_push_back(c, KVA__FREE_LIST(c), b);
+    c->n_free++;
+  }
+}
+
+/* The block an append of this sequence would write into must be copied
+   first if another sequence or the prefix cache can see it. */
+static inline int kva__tail_needs_copy(const kva_cache *c, const kva__seq *s) {
+  int32_t b;
+  if (s->len % c->bs == 0 || s->n_blocks * c->bs <= s->len) return 0;
+  b = s->table[s->len / c->bs];
+  return c->blk[b].ref > 1 || c->blk[b].published;
+}
+
+/* Blocks an append of n tokens takes (new blocks + a copy-on-write copy). */
+static inline long kva__append_need(const kva_cache *c, const kva__seq *s, int n) {
+  return (long)kva__blocks_for(c, (long)s->len + n) - s->n_blocks + (n > 0 && kva__tail_needs_copy(c, s));
+}
+
+static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
+  int l;
+  for (l = 0; l < c->n_layers; l++) {
+    size_t pos_block = (size_t)c->G * (size_t)c->bs;
+    memcpy(c->pool[l] + (size_t)dst * c->layer_block[l], c->pool[l] + (size_t)src * c->layer_block[l],
+           c->layer_block[l]);
+    memcpy(kva__pos_ptr(c, l, dst, 0, 0), kva__pos_ptr(c, l, src, 0, 0), pos_block * sizeof(int32_t));
+  }
+}
+
+/* Forget cached blocks unused for prefix_max_age appends (LRU order = age order). */
+static inline void kva__prefix_expire(kva_cache *c) {
+  while (c->prefix_max_age > 0 && c->n_cached > 0) {
+    int32_t b = c->blk[KVA__CACHED_LIST(c)].next;
+    if (c->append_counter - c->blk[b].last_use < c->prefix_max_age) break;
+    kva__unpublish(c, b);
+    c->prefix_forgotten++;
+  }
+}
+
+/* --- sequences --- */
+
+/* The record of a live sequence id, or NULL. */
+static inline kva__seq *kva__seq_get(const kva_cache *c, int seq) {
+  kva__seq *s;
+  if (!c || seq < 0) return NULL;
+  s = &c->seqs[seq % c->max_seqs];
+  return s->live && s->gen == seq / c->max_seqs ? s : NULL;
+}
+
+/* A free sequence record, or NULL (max_seqs live). */
+static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
+  int i, gen_limit = INT_MAX / c->max_seqs; /* a slot out of generations is retired: ids never repeat */
+  for (i = 0; i < c->max_seqs; i++) {
+    kva__seq *s = &c->seqs[i];
+    if (s->live || s->gen >= gen_limit) continue;
+    s->live = 1;
+    s->len = s->pos = s->n_blocks = s->last_append = 0;
+    c->n_live++;
+    *seq = s->gen * c->max_seqs + i;
+    return s;
+  }
+  return NULL;
+}
+
+KVA_API kva_status kva_seq_new(kva_cache *c, int *seq) {
+  if (!c || !seq) return KVA_ERR_ARG;
+  return kva__seq_alloc(c, seq) ? KVA_OK : KVA_ERR_FULL;
+}
+
+KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
+  kva__seq *s;
+  int i;
+  if (!c) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  for (i = s->n_blocks - 1; i >= 0; i--) kva__block_release(c, s->table[i]); /* tail first: LRU drops tails first */
+  s->live = 0;
+  s->gen++;
+  s->len = s->pos = s->n_blocks = s->last_append = 0;
+  c->n_live--;
+  return KVA_OK;
+}
+
+KVA_API int kva_seq_len(const kva_cache *c, int seq) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  return s ? s->len : -1;
+}
+
+KVA_API int kva_seq_pos(const kva_cache *c, int seq) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  return s ? s->pos : -1;
+}
+
 /* Make room for n_tokens more tokens at the next positions: all or nothing. */
 KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__seq *s;
-  int need, i;
+  long need;
+  int i;
   if (!c || n_tokens < 0) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
   if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_ERR_ARG; /* positions are int32 */
-  need = kva__blocks_for(c, (long)s->len + n_tokens) - s->n_blocks;
-  if (need > c->n_free) return KVA_ERR_FULL;
-  for (i = 0; i < need; i++) {
-    int b = c->link_next[c->n_blocks];
-    kva__list_remove(c, b);
-    c->n_free--;
-    c->ref[b] = 1;
-    s->table[s->n_blocks++] = b;
+  need = kva__append_need(c, s, n_tokens);
+  if (need > (long)c->n_free + c->n_cached || kva__blocks_for(c, (long)s->len + n_tokens) > c->max_table) {
+    c->appends_failed++;
+    return KVA_ERR_FULL;
   }
+  c->append_counter++;
+  kva__prefix_expire(c);
+  if (kva__tail_needs_copy(c, s)) {
+    int ti = s->len / c->bs;
+    int32_t old = s->table[ti], b = kva__block_take(c);
+    kva__copy_block(c, b, old);
+    kva__block_release(c, old);
+    s->table[ti] = b;
+    c->cow_copies++;
+  }
+  while (s->n_blocks < kva__blocks_for(c, (long)s->len + n_tokens)) s->table[s->n_blocks++] = kva__block_take(c);
   for (i = 0; i < n_tokens; i++) {
     int slot = s->len + i, in_block;
     int32_t b = kva__slot_block(c, s, slot, &in_block);
@@ -1361,6 +1521,141 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   s->len += n_tokens;
   s->pos += n_tokens;
   s->last_append = n_tokens;
+  return KVA_OK;
+}
+
+/* A child sharing every block of src (copy-on-write); takes no block. */
+KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
+  kva__seq *s, *d;
+  int i, id, gen;
+  int32_t *table;
+  if (!c || !dst) return KVA_ERR_ARG;
+  s = kva__seq_get(c, src);
+  if (!s) return KVA_ERR_SEQ;
+  d = kva__seq_alloc(c, &id);
+  if (!d) return KVA_ERR_FULL;
+  gen = d->gen;
+  table = d->table;
+  *d = *s;
+  d->gen = gen;
+  d->table = table;
+  memcpy(d->table, s->table, (size_t)s->n_blocks * sizeof(int32_t));
+  for (i = 0; i < s->n_blocks; i++) kva__block_ref(c, s->table[i]);
+  d->last_append = s->last_append = 0; /* the newest blocks are shared now */
+  *dst = id;
+  return KVA_OK;
+}
+
+/* Keep the first n_keep tokens; shared or published blocks are left as they are. */
+KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
+  kva__seq *s;
+  int keep_blocks;
+  if (!c || n_keep < 0) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_keep > s->len) return KVA_ERR_ARG;
+  if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* tokens were evicted */
+  keep_blocks = kva__blocks_for(c, n_keep);
+  while (s->n_blocks > keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
+  s->len = s->pos = n_keep;
+  s->last_append = 0;
+  return KVA_OK;
+}
+
+typedef enum { KVA_FITS_NOW = 0, KVA_FITS_LATER, KVA_FITS_NEVER } kva_fit;
+
+/* Would an append of n_tokens succeed now, once other sequences release
+   their blocks, or never in this pool; *blocks_needed = blocks it takes. */
+KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blocks_needed) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  long need;
+  if (!s || n_tokens < 0) return KVA_FITS_NEVER;
+  if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_FITS_NEVER;
+  need = n_tokens ? kva__append_need(c, s, n_tokens) : 0;
+  if (blocks_needed) *blocks_needed = (int)need;
+  if (need <= (long)c->n_free + c->n_cached) return KVA_FITS_NOW;
+  /* the sequence keeps its own blocks, whoever else releases theirs */
+  if (kva__blocks_for(c, (long)s->len + n_tokens) > c->max_table || need > (long)c->n_blocks - s->n_blocks)
+    return KVA_FITS_NEVER;
+  return KVA_FITS_LATER;
+}
+
+/* --- prefix caching --- */
+
+/* Make the full blocks holding the first n_tokens tokens reusable under
+   (salt, tokens). A block keeps the first key it was published under. */
+KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens, int n_tokens, uint64_t salt) {
+  kva__seq *s;
+  int i, n_full;
+  int32_t parent = -1;
+  uint64_t parent_gen = 0;
+  if (!c || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_tokens > s->len) return KVA_ERR_ARG;
+  if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* evicted tokens: blocks no longer match token ids */
+  if (n_tokens == 0) return KVA_OK;
+  s->last_append = 0; /* its blocks may be shared from now on */
+  n_full = n_tokens / c->bs;
+  for (i = 0; i < n_full; i++) {
+    const int32_t *tok = tokens + (size_t)i * (size_t)c->bs;
+    int32_t b = s->table[i], have = kva__prefix_find(c, parent, parent_gen, salt, tok);
+    if (have < 0 && !c->blk[b].published) {
+      kva__block *k = &c->blk[b];
+      k->published = 1;
+      k->pub_gen = ++c->pub_counter;
+      k->parent = parent;
+      k->parent_gen = parent_gen;
+      k->salt = salt;
+      k->hash = kva__prefix_hash(parent, parent_gen, salt, tok, c->bs);
+      memcpy(c->blk_tokens + (size_t)b * (size_t)c->bs, tok, (size_t)c->bs * sizeof(int32_t));
+      k->hnext = c->buckets[k->hash & c->bucket_mask];
+      c->buckets[k->hash & c->bucket_mask] = b;
+      have = b;
+    } else if (have < 0) {
+      break; /* published under another key: the chain under this key ends here */
+    }
+    parent = have; /* the canonical block of this key carries the chain on */
+    parent_gen = c->blk[have].pub_gen;
+  }
+  return KVA_OK;
+}
+
+/* A new sequence holding the longest run of published full blocks that
+   match (salt, tokens), at most n_tokens - 1 tokens. */
+KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n_tokens, uint64_t salt, int *seq,
+                                      int *n_reused) {
+  kva__seq *s;
+  int id, i, max_blocks;
+  int32_t parent = -1;
+  uint64_t parent_gen = 0;
+  if (!c || !seq || !n_reused || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
+  s = kva__seq_alloc(c, &id);
+  if (!s) return KVA_ERR_FULL;
+  max_blocks = n_tokens > 0 ? (n_tokens - 1) / c->bs : 0;
+  for (i = 0; i < max_blocks; i++) {
+    int32_t b = kva__prefix_find(c, parent, parent_gen, salt, tokens + (size_t)i * (size_t)c->bs);
+    if (b < 0) break;
+    kva__block_ref(c, b);
+    c->blk[b].last_use = c->append_counter;
+    s->table[s->n_blocks++] = b;
+    parent = b;
+    parent_gen = c->blk[b].pub_gen;
+  }
+  s->len = s->pos = s->n_blocks * c->bs;
+  c->prefix_queries += n_tokens;
+  c->prefix_hits += s->len;
+  *seq = id;
+  *n_reused = s->len;
+  return KVA_OK;
+}
+
+/* Forget every published block (after new weights or new FP8 scales). */
+KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
+  int b;
+  if (!c) return KVA_ERR_ARG;
+  for (b = 0; b < c->n_blocks; b++)
+    if (c->blk[b].published) kva__unpublish(c, b);
   return KVA_OK;
 }
 
@@ -1531,8 +1826,14 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   if (!c) return;
   st->n_blocks = c->n_blocks;
   st->blocks_free = c->n_free;
-  st->blocks_used = c->n_blocks - c->n_free;
-  st->blocks_cached = 0;
+  st->blocks_used = c->n_used;
+  st->blocks_cached = c->n_cached;
+  st->prefix_queries = c->prefix_queries;
+  st->prefix_hits = c->prefix_hits;
+  st->token_slots = (long)c->n_used * c->bs;
+  st->cow_copies = c->cow_copies;
+  st->appends_failed = c->appends_failed;
+  st->prefix_forgotten = c->prefix_forgotten;
   st->n_seqs = c->n_live;
   st->block_bytes = c->block_bytes;
   st->bytes_total = c->block_bytes * (size_t)c->n_blocks;
