@@ -63,7 +63,7 @@
    [1] configuration         [6] RoPE
    [2] status and types      [7] paged KV cache: block pool, sequences
    [3] numerics              [8] cache store / attend / read
-   [4] SIMD kernels          [9] layers: GQA forward
+   [4] SIMD kernels          [9] layers: GQA forward, [9b] MLA forward
    [5] attention core        [10] stats
 */
 
@@ -1814,6 +1814,187 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   return st;
 }
 
+
+/* ======================================================================
+   [9b] layers: MLA (DeepSeek-V2/V3 multi-head latent attention)
+   The cache is KVA_CACHE_LATENT, n_kv_heads 1, head_dim d_latent + d_rope,
+   v_dim d_latent: per token the RMS-normalised latent c_kv followed by the
+   shared, rotated rope key k_pe. Absorbed attention (the default) is MQA
+   over that cache with queries [W_UK[h]^T q_nope[h] | q_pe[h]]; the naive
+   path rebuilds every head's K and V from the latents (the reference, and
+   the cheaper form for long prefill chunks). d_rope 0 without w_kr is the
+   seed write-up's simplified module (no position information at all).
+   ====================================================================== */
+
+typedef struct {
+  int d_model, n_heads, d_latent, d_nope, d_rope, d_v;
+  float scale;                       /* 0 => 1/sqrt(d_nope + d_rope) */
+  const float *wq, *bq;              /* [H*(d_nope+d_rope)][d]: per head nope then rope */
+  int q_lora_rank;                   /* 0 => wq; else q = wq_b . RMSNorm(wq_a . x) (V2/V3) */
+  const float *wq_a, *q_norm, *wq_b; /* [r][d], [r] gain (NULL: 1), [H*(d_nope+d_rope)][r] */
+  const float *w_dkv, *b_dkv;        /* [d_latent][d] -> c_kv */
+  const float *kv_norm;              /* NULL: no norm; else c / sqrt(mean(c^2) + eps) * gain */
+  float norm_eps;                    /* 0 => 1e-6 */
+  const float *w_kr, *b_kr;          /* [d_rope][d] -> shared rope key; d_rope 0: none */
+  const float *w_uk, *b_uk;          /* [H*d_nope][d_latent] */
+  const float *w_uv, *b_uv;          /* [H*d_v][d_latent] */
+  const float *wo, *bo;              /* [d][H*d_v] */
+  kva_rope rope;                     /* on q's rope part and k_pe */
+  int naive;                         /* 1: rebuild K, V per step; 0: absorbed */
+  int n_threads;                     /* 0 => OpenMP's default */
+} kva_mla_layer;
+
+/* x [n][dim] <- x / sqrt(mean(x^2) + eps) * gain (gain NULL: 1) */
+static inline void kva__rmsnorm(float *x, int n, int dim, const float *gain, float eps) {
+  int t, i;
+  for (t = 0; t < n; t++) {
+    float *r = x + (size_t)t * (size_t)dim;
+    double ss = 0.0;
+    float inv;
+    for (i = 0; i < dim; i++) ss += (double)r[i] * r[i];
+    inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    for (i = 0; i < dim; i++) r[i] = r[i] * inv * (gain ? gain[i] : 1.0f);
+  }
+}
+
+static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache *c, int layer) {
+  int dim;
+  if (!L || !c || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
+  if (L->d_model <= 0 || L->n_heads <= 0 || L->d_latent <= 0 || L->d_nope <= 0 || L->d_rope < 0 || L->d_v <= 0 ||
+      L->q_lora_rank < 0 || L->n_threads < 0 || L->norm_eps < 0.0f)
+    return KVA_ERR_ARG;
+  if (L->n_heads > (1 << 16) || L->d_latent > (1 << 16) || L->d_nope > (1 << 16) || L->d_rope > (1 << 16) ||
+      L->d_v > (1 << 16))
+    return KVA_ERR_ARG;
+  if (!(L->scale >= -FLT_MAX && L->scale <= FLT_MAX)) return KVA_ERR_ARG;
+  if (L->q_lora_rank ? (!L->wq_a || !L->wq_b) : !L->wq) return KVA_ERR_ARG;
+  if (!L->w_dkv || !L->w_uk || !L->w_uv || !L->wo || (L->d_rope > 0 && !L->w_kr)) return KVA_ERR_ARG;
+  if (L->d_rope > 0 ? kva__rope_check(&L->rope, L->d_rope, &dim) != KVA_OK : kva__rope_active(&L->rope))
+    return KVA_ERR_ARG;
+  if (c->kind != KVA_CACHE_LATENT || c->G != 1 || c->D != L->d_latent + L->d_rope || c->DV != L->d_latent)
+    return KVA_ERR_ARG;
+  return KVA_OK;
+}
+
+KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq, int layer, const float *x,
+                                   int n_tokens, float *y) {
+  kva__seq *s;
+  int H, dl, dn, dr, dv, dq, dk, nt, t, h, i, j, len;
+  float scale, *buf, *q, *lat, *qa = NULL, *qk, *ov, *o;
+  int32_t *pos;
+  size_t n, need;
+  kva_status st;
+  if (kva__mla_check(L, c, layer) != KVA_OK || n_tokens < 0) return KVA_ERR_ARG;
+  if (n_tokens == 0) return KVA_OK;
+  if (!x || !y) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_tokens > s->last_append) return KVA_ERR_ARG;
+
+  H = L->n_heads; dl = L->d_latent; dn = L->d_nope; dr = L->d_rope; dv = L->d_v;
+  dq = dn + dr;                       /* per-head query width */
+  dk = L->naive ? dq : dl + dr;       /* per-head attention key width */
+  nt = L->n_threads;
+  len = s->len;
+  scale = L->scale != 0.0f ? L->scale : (float)(1.0 / sqrt((double)dq));
+  n = (size_t)n_tokens;
+  need = n * (size_t)H * (size_t)dq            /* q */
+       + n * (size_t)(dl + dr)                 /* latent rows to store */
+       + n * (size_t)L->q_lora_rank            /* q compression */
+       + n * (size_t)H * (size_t)dk            /* attention queries */
+       + n * (size_t)H * (size_t)(L->naive ? dv : dl) /* attention output */
+       + n * (size_t)H * (size_t)dv;           /* per-head values */
+  if (L->naive) need += (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)len + (size_t)(dl + dr);
+  buf = (float *)KVATTN_MALLOC(need * sizeof(float) + (n + (size_t)len + 1) * sizeof(int32_t));
+  if (!buf) return KVA_ERR_NOMEM;
+  q = buf;
+  lat = q + n * (size_t)H * (size_t)dq;
+  if (L->q_lora_rank) qa = lat + n * (size_t)(dl + dr);
+  qk = lat + n * (size_t)(dl + dr) + n * (size_t)L->q_lora_rank;
+  ov = qk + n * (size_t)H * (size_t)dk;
+  o = ov + n * (size_t)H * (size_t)(L->naive ? dv : dl);
+  pos = (int32_t *)(o + n * (size_t)H * (size_t)dv + (L->naive ? (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)len + (size_t)(dl + dr) : 0));
+  for (t = 0; t < n_tokens; t++) pos[t] = (int32_t)(s->pos - n_tokens + t);
+
+  /* queries [n][H][nope | rope] */
+  if (L->q_lora_rank) {
+    kva__linear(x, n_tokens, L->d_model, L->wq_a, NULL, L->q_lora_rank, qa, nt);
+    kva__rmsnorm(qa, n_tokens, L->q_lora_rank, L->q_norm, L->norm_eps > 0.0f ? L->norm_eps : 1e-6f);
+    kva__linear(qa, n_tokens, L->q_lora_rank, L->wq_b, NULL, H * dq, q, nt);
+  } else {
+    kva__linear(x, n_tokens, L->d_model, L->wq, L->bq, H * dq, q, nt);
+  }
+  /* latent rows [n][c_kv | k_pe]: c_kv normalised, k_pe rotated (one per token) */
+  for (t = 0; t < n_tokens; t++) {
+    float *row = lat + (size_t)t * (size_t)(dl + dr);
+    const float *xt = x + (size_t)t * (size_t)L->d_model;
+    for (i = 0; i < dl; i++)
+      row[i] = kva__dot_f32(xt, L->w_dkv + (size_t)i * (size_t)L->d_model, L->d_model) + (L->b_dkv ? L->b_dkv[i] : 0.0f);
+    if (L->kv_norm) kva__rmsnorm(row, 1, dl, L->kv_norm, L->norm_eps > 0.0f ? L->norm_eps : 1e-6f);
+    for (i = 0; i < dr; i++)
+      row[dl + i] = kva__dot_f32(xt, L->w_kr + (size_t)i * (size_t)L->d_model, L->d_model) + (L->b_kr ? L->b_kr[i] : 0.0f);
+    if (dr > 0) {
+      int dim;
+      kva__rope_check(&L->rope, dr, &dim);
+      if (kva__rope_active(&L->rope)) {
+        kva__rope_token(&L->rope, dim, row + dl, 1, dr, pos[t]);
+        kva__rope_token(&L->rope, dim, q + (size_t)t * (size_t)H * (size_t)dq + dn, H, dq, pos[t]);
+      }
+    }
+  }
+  st = kva_store(c, seq, layer, lat, NULL, n_tokens);
+  if (st != KVA_OK) { KVATTN_FREE(buf); return st; }
+
+  if (!L->naive) {
+    kva_attn a;
+    /* q_lat[h] = W_UK[h]^T q_nope[h]; b_uk shifts all scores of a row equally: it cancels */
+    for (t = 0; t < n_tokens; t++)
+      for (h = 0; h < H; h++) {
+        const float *qn = q + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dq;
+        float *qo = qk + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dk;
+        memset(qo, 0, (size_t)dl * sizeof(float));
+        for (i = 0; i < dn; i++) {
+          const float *w = L->w_uk + ((size_t)h * (size_t)dn + (size_t)i) * (size_t)dl;
+          float qi = qn[i];
+          for (j = 0; j < dl; j++) qo[j] += qi * w[j];
+        }
+        memcpy(qo + dl, qn + dn, (size_t)dr * sizeof(float));
+      }
+    memset(&a, 0, sizeof a);
+    a.n_heads = H; a.n_kv_heads = 1; a.head_dim = dl + dr; a.v_dim = dl; a.scale = scale; a.n_threads = nt;
+    st = kva_attend_cache(c, seq, layer, &a, qk, n_tokens, ov);
+    /* o[h] = W_UV[h] . (sum_t p c_t) + b_uv[h] */
+    for (t = 0; st == KVA_OK && t < n_tokens; t++)
+      for (h = 0; h < H; h++)
+        kva__linear(ov + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dl, 1, dl,
+                    L->w_uv + (size_t)h * (size_t)dv * (size_t)dl, L->b_uv ? L->b_uv + (size_t)h * (size_t)dv : NULL,
+                    dv, o + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dv, 1);
+  } else {
+    /* rebuild per-head K [len][H][nope | rope] and V [len][H][dv] from every cached latent */
+    float *K = o + n * (size_t)H * (size_t)dv, *V = K + (size_t)len * (size_t)H * (size_t)dq;
+    float *row = V + (size_t)len * (size_t)H * (size_t)dv;
+    int32_t *kpos = pos + n;
+    kva_attn a;
+    for (j = 0; j < len; j++) {
+      kva_seq_read(c, seq, layer, j, row, NULL, &kpos[j]);
+      for (h = 0; h < H; h++) {
+        float *kh = K + ((size_t)j * (size_t)H + (size_t)h) * (size_t)dq;
+        kva__linear(row, 1, dl, L->w_uk + (size_t)h * (size_t)dn * (size_t)dl,
+                    L->b_uk ? L->b_uk + (size_t)h * (size_t)dn : NULL, dn, kh, 1);
+        memcpy(kh + dn, row + dl, (size_t)dr * sizeof(float));
+        kva__linear(row, 1, dl, L->w_uv + (size_t)h * (size_t)dv * (size_t)dl,
+                    L->b_uv ? L->b_uv + (size_t)h * (size_t)dv : NULL, dv,
+                    V + ((size_t)j * (size_t)H + (size_t)h) * (size_t)dv, 1);
+      }
+    }
+    memset(&a, 0, sizeof a);
+    a.n_heads = H; a.n_kv_heads = H; a.head_dim = dq; a.v_dim = dv; a.scale = scale; a.n_threads = nt;
+    st = kva_attend(&a, q, n_tokens, pos, K, V, len, kpos, o, NULL);
+  }
+  if (st == KVA_OK) kva__linear(o, n_tokens, H * dv, L->wo, L->bo, L->d_model, y, nt);
+  KVATTN_FREE(buf);
+  return st;
+}
 
 /* ======================================================================
    [10] stats
