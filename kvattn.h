@@ -282,6 +282,49 @@ KVA_API uint16_t kva_f32_to_bf16(float f) {
   return (uint16_t)(x >> 16);
 }
 
+/* FP8 (OCP 8-bit floating point rev 1.0). E4M3 is "E4M3FN": bias 7, max 448,
+   no infinities, NaN only S.1111.111. E5M2: bias 15, max 57344, IEEE-like.
+   Encoding rounds to nearest even and saturates: finite values and
+   infinities beyond the range become the largest finite value of that
+   sign (what a cache wants; PyTorch's casts give NaN instead). NaN stays NaN. */
+static inline uint8_t kva__f32_to_fp8(float f, int exp_bits, int man_bits, uint8_t max_code, uint8_t nan_code) {
+  uint32_t x = kva__f32_bits(f), e, shift, code;
+  uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+  int bias = (1 << (exp_bits - 1)) - 1;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return (uint8_t)(sign | nan_code);
+  e = x >> 23;
+  if ((int)e - 127 < 1 - bias) { /* below the smallest normal: subnormal or zero */
+    uint32_t m = (x & 0x7fffffu) | 0x800000u, q, rem, half;
+    if (e == 0) return sign;    /* f32 subnormals are far below any fp8 subnormal */
+    shift = (uint32_t)(151 - bias - man_bits) - e; /* value / unit = m * 2^-shift */
+    if (shift >= 25) return sign;
+    q = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint8_t)(sign | q);
+  }
+  shift = (uint32_t)(23 - man_bits);
+  if (x >= 0x7f800000u) return (uint8_t)(sign | max_code);                           /* infinity */
+  if ((int)e - 127 > bias + 1) return (uint8_t)(sign | max_code);                    /* far beyond */
+  x = x + ((1u << (shift - 1)) - 1u) + ((x >> shift) & 1u) - ((uint32_t)(127 - bias) << 23);
+  code = x >> shift;
+  return (uint8_t)(sign | (code > max_code ? max_code : code));
+}
+
+KVA_API float kva_e4m3_to_f32(uint8_t b) {
+  int e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if (e == 15 && m == 7) return kva__bits_f32((b & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u);
+  v = e == 0 ? (float)m * (1.0f / 512.0f) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+  return b & 0x80u ? -v : v;
+}
+KVA_API uint8_t kva_f32_to_e4m3(float x) { return kva__f32_to_fp8(x, 4, 3, 0x7e, 0x7f); }
+/* E5M2 is the top byte of an F16. */
+KVA_API float kva_e5m2_to_f32(uint8_t b) { return kva_f16_to_f32((uint16_t)(b << 8)); }
+KVA_API uint8_t kva_f32_to_e5m2(float x) { return kva__f32_to_fp8(x, 5, 2, 0x7b, 0x7f); }
+
 /* Bytes of one stored element; 0 for types that cannot be cache storage. */
 static inline size_t kva__dtype_size(kva_dtype t) {
   switch (t) {
@@ -311,32 +354,83 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 static inline float kva__load1_f32(const void *row, int i) { return ((const float *)row)[i]; }
 static inline float kva__load1_f16(const void *row, int i) { return kva_f16_to_f32(((const uint16_t *)row)[i]); }
 static inline float kva__load1_bf16(const void *row, int i) { return kva_bf16_to_f32(((const uint16_t *)row)[i]); }
+static inline float kva__load1_i8(const void *row, int i) { return (float)((const int8_t *)row)[i]; }
+static inline float kva__load1_e5m2(const void *row, int i) { return kva_e5m2_to_f32(((const uint8_t *)row)[i]); }
+/* E4M3 loads as value / 256 (its bits shifted into an F16); the 256 is in the row scale */
+static inline float kva__load1_e4m3(const void *row, int i) {
+  return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * (1.0f / 256.0f);
+}
 
-/* scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no scaling) */
+/* Row scales: what a loaded row must be multiplied by. INT8 rows carry
+   their own (a float just before the codes, so a prefix of the row, such
+   as MLA's V inside its latent vector, finds it too); FP8 rows share the cache's k/v
+   scale `cs`; float rows need none (and skip the multiply at compile time). */
+#define KVA__SCALED_f32 0
+#define KVA__SCALED_f16 0
+#define KVA__SCALED_bf16 0
+#define KVA__SCALED_i8 1
+#define KVA__SCALED_e4m3 1
+#define KVA__SCALED_e5m2 1
+static inline float kva__rowscale_f32(const void *row, int d, float cs) { (void)row; (void)d; (void)cs; return 1.0f; }
+#define kva__rowscale_f16 kva__rowscale_f32
+#define kva__rowscale_bf16 kva__rowscale_f32
+static inline float kva__rowscale_i8(const void *row, int d, float cs) {
+  float s;
+  (void)cs;
+  (void)d;
+  memcpy(&s, (const int8_t *)row - sizeof s, sizeof s);
+  return s;
+}
+static inline float kva__rowscale_e4m3(const void *row, int d, float cs) { (void)row; (void)d; return cs * 256.0f; }
+static inline float kva__rowscale_e5m2(const void *row, int d, float cs) { (void)row; (void)d; return cs; }
+
+/* dot_tile: scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no softmax scale).
+   vacc_tile: acc_r += sum_j p[r*ldp + j] * v_j.
+   A quantized row's scale multiplies the finished dot product and the
+   probability, never each element. */
 #define KVA__DEFINE_SCALAR_KERNELS(dt)                                                          \
   static inline void kva__dot_tile_##dt##_scalar(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds) {     \
+                                                  int nk, int d, float *scores, int lds, float cs) { \
     int r, j, i;                                                                                \
-    for (j = 0; j < nk; j++)                                                                    \
+    for (j = 0; j < nk; j++) {                                                                  \
+      float ks = kva__rowscale_##dt(krows[j], d, cs);                                           \
       for (r = 0; r < nr; r++) {                                                                \
         float s = 0.0f;                                                                         \
         for (i = 0; i < d; i++) s += q[r][i] * kva__load1_##dt(krows[j], i);                    \
-        scores[r * lds + j] = s;                                                                \
+        scores[r * lds + j] = KVA__SCALED_##dt ? s * ks : s;                                    \
       }                                                                                         \
+    }                                                                                           \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_scalar(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv) { \
+                                                   const void *const *vrows, int nk, int dv, float cs) { \
     int r, j, i;                                                                                \
-    for (j = 0; j < nk; j++)                                                                    \
+    for (j = 0; j < nk; j++) {                                                                  \
+      float vs = kva__rowscale_##dt(vrows[j], dv, cs);                                          \
       for (r = 0; r < nr; r++) {                                                                \
-        float pj = p[r * ldp + j];                                                              \
+        float pj = KVA__SCALED_##dt ? p[r * ldp + j] * vs : p[r * ldp + j];                     \
         if (pj == 0.0f) continue;                                                               \
         for (i = 0; i < dv; i++) acc[r][i] += pj * kva__load1_##dt(vrows[j], i);                \
       }                                                                                         \
+    }                                                                                           \
   }
 KVA__DEFINE_SCALAR_KERNELS(f32)
 KVA__DEFINE_SCALAR_KERNELS(f16)
 KVA__DEFINE_SCALAR_KERNELS(bf16)
+KVA__DEFINE_SCALAR_KERNELS(i8)
+KVA__DEFINE_SCALAR_KERNELS(e4m3)
+KVA__DEFINE_SCALAR_KERNELS(e5m2)
+
+/* SIMD value kernels fold each row's scale into its probabilities first. */
+#define KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, buf)                                \
+  if (KVA__SCALED_##dt) {                                                                       \
+    int r_, j_;                                                                                 \
+    for (j_ = 0; j_ < (nk); j_++) {                                                             \
+      float vs_ = kva__rowscale_##dt((vrows)[j_], (dv), (cs));                                  \
+      for (r_ = 0; r_ < (nr); r_++) (buf)[r_ * KVA__TILE + j_] = (p)[r_ * (ldp) + j_] * vs_;    \
+    }                                                                                           \
+    (p) = (buf);                                                                                \
+    (ldp) = KVA__TILE;                                                                          \
+  }
 
 /* x[i] = exp(x[i]); -inf gives exactly 0 */
 static inline void kva__exp_inplace_scalar(float *x, int n) {
@@ -366,6 +460,19 @@ static inline void kva__f32_to_f16_row_scalar(uint16_t *dst, const float *src, i
   _mm256_castsi256_ps(_mm256_slli_epi32(                                                     \
       _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (i)))), 16))
 
+#define KVA__AVX2_LOAD8_i8(row, i) \
+  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)(row) + (i)))))
+/* E5M2 is an F16's top byte; E4M3 bits shifted into an F16 give value / 256 */
+#define KVA__AVX2_LOAD8_e5m2(row, i) \
+  _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)(row) + (i)))), 8))
+KVA__FORCEINLINE __m256 kva__avx2_load8_e4m3(const void *row, int i) {
+  __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)row + i)));
+  __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8),
+                           _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), 7));
+  return _mm256_cvtph_ps(h);
+}
+#define KVA__AVX2_LOAD8_e4m3(row, i) kva__avx2_load8_e4m3((row), (i))
+
 /* sum of each of 4 vectors: [s(a0), s(a1), s(a2), s(a3)] */
 KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -377,7 +484,7 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
 #define KVA__DEFINE_AVX2_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx2_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds) {                 \
+                                                      float *scores, int lds, float cs) {       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
     for (j = 0; j < nk; j++) {                                                                  \
@@ -399,22 +506,28 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
         if (nr > 2) s[2] += q2[i] * kf;                                                         \
         if (nr > 3) s[3] += q3[i] * kf;                                                         \
       }                                                                                         \
+      if (KVA__SCALED_##dt) {                                                                   \
+        float ks = kva__rowscale_##dt(k, d, cs);                                                \
+        for (r = 0; r < nr; r++) s[r] *= ks;                                                    \
+      }                                                                                         \
       for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx2(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds) {       \
+                                                int nk, int d, float *scores, int lds, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds); break;             \
-      case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds); break;             \
-      case 3: kva__dot_tile_##dt##_avx2_nr(q, 3, krows, nk, d, scores, lds); break;             \
-      default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds); break;            \
+      case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds, cs); break;             \
+      case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds, cs); break;             \
+      case 3: kva__dot_tile_##dt##_avx2_nr(q, 3, krows, nk, d, scores, lds, cs); break;             \
+      default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds, cs); break;            \
     }                                                                                           \
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv) { \
+                                                       const void *const *vrows, int nk, int dv, float cs) { \
     int j, i, r;                                                                                \
+    float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
+    KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
     for (i = 0; i + 16 <= dv; i += 16) { /* 16 columns x nr rows live in registers */          \
       __m256 a[4][2];                                                                           \
       for (r = 0; r < nr; r++) {                                                                \
@@ -450,17 +563,20 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
       }                                                                                         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_avx2(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv) {   \
+                                                 const void *const *vrows, int nk, int dv, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv); break;              \
-      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv); break;              \
-      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv); break;              \
-      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv); break;             \
+      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
+      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
+      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
+      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
     }                                                                                           \
   }
 KVA__DEFINE_AVX2_KERNELS(f32)
 KVA__DEFINE_AVX2_KERNELS(f16)
 KVA__DEFINE_AVX2_KERNELS(bf16)
+KVA__DEFINE_AVX2_KERNELS(i8)
+KVA__DEFINE_AVX2_KERNELS(e4m3)
+KVA__DEFINE_AVX2_KERNELS(e5m2)
 
 /* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
    relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
@@ -532,10 +648,32 @@ static inline void kva__f32_to_f16_row_avx2(uint16_t *dst, const float *src, int
 #define KVA__NEON_LOAD4_bf16(row, i) \
   vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(row) + (i)), 16))
 
+/* 4 bytes at a time without reading past the row */
+KVA__FORCEINLINE uint16x4_t kva__neon_u8x4(const void *row, int i) {
+  uint32_t w;
+  memcpy(&w, (const uint8_t *)row + i, 4);
+  return vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))));
+}
+KVA__FORCEINLINE float32x4_t kva__neon_load4_i8(const void *row, int i) {
+  int16x4_t x = vshr_n_s16(vreinterpret_s16_u16(vshl_n_u16(kva__neon_u8x4(row, i), 8)), 8); /* sign-extend */
+  return vcvtq_f32_s32(vmovl_s16(x));
+}
+KVA__FORCEINLINE float32x4_t kva__neon_load4_e5m2(const void *row, int i) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(kva__neon_u8x4(row, i), 8)));
+}
+KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
+  uint16x4_t x = kva__neon_u8x4(row, i);
+  uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(x, vdup_n_u16(0x80)), 8), vshl_n_u16(vand_u16(x, vdup_n_u16(0x7f)), 7));
+  return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+#define KVA__NEON_LOAD4_i8(row, i) kva__neon_load4_i8((row), (i))
+#define KVA__NEON_LOAD4_e5m2(row, i) kva__neon_load4_e5m2((row), (i))
+#define KVA__NEON_LOAD4_e4m3(row, i) kva__neon_load4_e4m3((row), (i))
+
 #define KVA__DEFINE_NEON_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_neon_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds) {                 \
+                                                      float *scores, int lds, float cs) {       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
     for (j = 0; j < nk; j++) {                                                                  \
@@ -557,22 +695,28 @@ static inline void kva__f32_to_f16_row_avx2(uint16_t *dst, const float *src, int
         if (nr > 2) s[2] += q2[i] * kf;                                                         \
         if (nr > 3) s[3] += q3[i] * kf;                                                         \
       }                                                                                         \
+      if (KVA__SCALED_##dt) {                                                                   \
+        float ks = kva__rowscale_##dt(k, d, cs);                                                \
+        for (r = 0; r < nr; r++) s[r] *= ks;                                                    \
+      }                                                                                         \
       for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_neon(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds) {       \
+                                                int nk, int d, float *scores, int lds, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds); break;             \
-      case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds); break;             \
-      case 3: kva__dot_tile_##dt##_neon_nr(q, 3, krows, nk, d, scores, lds); break;             \
-      default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds); break;            \
+      case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds, cs); break;             \
+      case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds, cs); break;             \
+      case 3: kva__dot_tile_##dt##_neon_nr(q, 3, krows, nk, d, scores, lds, cs); break;             \
+      default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds, cs); break;            \
     }                                                                                           \
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv) { \
+                                                       const void *const *vrows, int nk, int dv, float cs) { \
     int j, i, r;                                                                                \
+    float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
+    KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
     for (i = 0; i + 8 <= dv; i += 8) {                                                          \
       float32x4_t a[4][2];                                                                      \
       for (r = 0; r < nr; r++) {                                                                \
@@ -599,17 +743,20 @@ static inline void kva__f32_to_f16_row_avx2(uint16_t *dst, const float *src, int
       }                                                                                         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_neon(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv) {   \
+                                                 const void *const *vrows, int nk, int dv, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv); break;              \
-      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv); break;              \
-      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv); break;              \
-      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv); break;             \
+      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
+      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
+      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
+      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
     }                                                                                           \
   }
 KVA__DEFINE_NEON_KERNELS(f32)
 KVA__DEFINE_NEON_KERNELS(f16)
 KVA__DEFINE_NEON_KERNELS(bf16)
+KVA__DEFINE_NEON_KERNELS(i8)
+KVA__DEFINE_NEON_KERNELS(e4m3)
+KVA__DEFINE_NEON_KERNELS(e5m2)
 
 /* Same algorithm as the AVX2 exp (see there). */
 static inline void kva__exp_inplace_neon(float *x, int n) {
@@ -674,22 +821,29 @@ static inline void kva__f32_to_f16_row_neon(uint16_t *dst, const float *src, int
 #define KVA__CAT2(a, b) KVA__CAT3(a, b)
 #define KVA__SEL(stem) KVA__CAT2(stem, KVA__ISA)
 
+/* Dispatch on the storage type once per tile. cs: the FP8 tensor scale. */
 static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
-                                 int d, float *scores, int lds) {
+                                 int d, float *scores, int lds, float cs) {
   switch (t) {
-    case KVA_F32: KVA__SEL(kva__dot_tile_f32_)(q, nr, krows, nk, d, scores, lds); break;
-    case KVA_F16: KVA__SEL(kva__dot_tile_f16_)(q, nr, krows, nk, d, scores, lds); break;
-    case KVA_BF16: KVA__SEL(kva__dot_tile_bf16_)(q, nr, krows, nk, d, scores, lds); break;
+    case KVA_F32: KVA__SEL(kva__dot_tile_f32_)(q, nr, krows, nk, d, scores, lds, cs); break;
+    case KVA_F16: KVA__SEL(kva__dot_tile_f16_)(q, nr, krows, nk, d, scores, lds, cs); break;
+    case KVA_BF16: KVA__SEL(kva__dot_tile_bf16_)(q, nr, krows, nk, d, scores, lds, cs); break;
+    case KVA_INT8: KVA__SEL(kva__dot_tile_i8_)(q, nr, krows, nk, d, scores, lds, cs); break;
+    case KVA_FP8_E4M3: KVA__SEL(kva__dot_tile_e4m3_)(q, nr, krows, nk, d, scores, lds, cs); break;
+    case KVA_FP8_E5M2: KVA__SEL(kva__dot_tile_e5m2_)(q, nr, krows, nk, d, scores, lds, cs); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
 
 static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
-                                  const void *const *vrows, int nk, int dv) {
+                                  const void *const *vrows, int nk, int dv, float cs) {
   switch (t) {
-    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv); break;
-    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv); break;
-    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv); break;
+    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_INT8: KVA__SEL(kva__vacc_tile_i8_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_FP8_E4M3: KVA__SEL(kva__vacc_tile_e4m3_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_FP8_E5M2: KVA__SEL(kva__vacc_tile_e5m2_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -698,25 +852,62 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
 #define kva__dot_f32 KVA__SEL(kva__dot_f32_)
 #define kva__f32_to_f16_row KVA__SEL(kva__f32_to_f16_row_)
 
-/* Write one row of n floats in storage type t (exact for F32, RNE otherwise). */
-static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int n) {
+/* INT8 row: symmetric, scale = amax / 127 stored before the n codes; an
+   all-zero row gives scale 0 and codes 0. Non-finite inputs: NaN stores 0,
+   +-Inf stores +-127 with the scale of the finite values. */
+static inline void kva__quantize_i8(int8_t *dst, const float *src, int n) {
+  float amax = 0.0f, scale, inv;
+  int i;
+  for (i = 0; i < n; i++) {
+    float a = fabsf(src[i]);
+    if (a > amax && a <= FLT_MAX) amax = a;
+  }
+  scale = amax / 127.0f;
+  inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (i = 0; i < n; i++) {
+    float v = src[i] * inv;
+    if (!(v == v)) v = 0.0f;
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    dst[i] = (int8_t)(v >= 0.0f ? (int)(v + 0.5f) : -(int)(0.5f - v));
+  }
+  memcpy(dst - sizeof scale, &scale, sizeof scale);
+}
+
+/* Stored rows start with INT8's scale; row pointers handed to kernels point at the codes. */
+static inline size_t kva__code_offset(kva_dtype t) { return t == KVA_INT8 ? sizeof(float) : 0; }
+
+/* Write one stored row (dst: its start) of n floats in type t; cs is the FP8 tensor scale
+   (stores fp8(x * (1/cs))). */
+static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int n, float cs) {
+  float inv = cs > 0.0f ? 1.0f / cs : 1.0f;
+  uint8_t *b = (uint8_t *)dst;
   int i;
   switch (t) {
     case KVA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
     case KVA_F16: kva__f32_to_f16_row((uint16_t *)dst, src, n); break;
-    case KVA_BF16:
-      for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = kva_f32_to_bf16(src[i]);
-      break;
+    case KVA_BF16: for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = kva_f32_to_bf16(src[i]); break;
+    case KVA_INT8: kva__quantize_i8((int8_t *)dst + sizeof(float), src, n); break;
+    case KVA_FP8_E4M3: for (i = 0; i < n; i++) b[i] = kva_f32_to_e4m3(src[i] * inv); break;
+    case KVA_FP8_E5M2: for (i = 0; i < n; i++) b[i] = kva_f32_to_e5m2(src[i] * inv); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
 
-static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n) {
+/* Dequantize one stored row: exactly what the attention kernels see. */
+static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n, float cs) {
   int i;
+  float s;
   switch (t) {
     case KVA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
     case KVA_F16: for (i = 0; i < n; i++) dst[i] = kva__load1_f16(src, i); break;
     case KVA_BF16: for (i = 0; i < n; i++) dst[i] = kva__load1_bf16(src, i); break;
+    case KVA_INT8:
+      src = (const int8_t *)src + sizeof(float);
+      s = kva__rowscale_i8(src, n, cs);
+      for (i = 0; i < n; i++) dst[i] = kva__load1_i8(src, i) * s;
+      break;
+    case KVA_FP8_E4M3: for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(((const uint8_t *)src)[i]) * cs; break;
+    case KVA_FP8_E5M2: for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(((const uint8_t *)src)[i]) * cs; break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -733,6 +924,7 @@ static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n
 typedef struct {
   int paged;                          /* 0: plain arrays, 1: block table */
   kva_dtype kt, vt;
+  float k_cs, v_cs;                   /* FP8 tensor scales */
   /* plain arrays: token j of head g at base + (j*n_kv_heads + g) * row bytes */
   const unsigned char *k, *v;
   size_t k_tok_stride, v_tok_stride;  /* bytes from token j to j+1 */
@@ -742,6 +934,7 @@ typedef struct {
   const unsigned char *pool;
   size_t block_bytes, v_off;          /* V region offset inside a block (== 0 offset for latent K) */
   size_t k_row, v_row;                /* bytes of one token of one head */
+  size_t k_code_off, v_code_off;      /* from a stored row's start to its first value */
   const int32_t *table, *block_pos;   /* block_pos: [block][G][bs] */
   int block_size, n_kv_heads;
 } kva__kv_view;
@@ -763,8 +956,8 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
       int32_t blk = w->table[t / bs];
       const unsigned char *b = w->pool + (size_t)blk * w->block_bytes;
       size_t hs = (size_t)g * (size_t)bs + (size_t)slot;
-      krows[j] = b + hs * w->k_row;
-      vrows[j] = b + w->v_off + hs * w->v_row;
+      krows[j] = b + hs * w->k_row + w->k_code_off;
+      vrows[j] = b + w->v_off + hs * w->v_row + w->v_code_off;
       p = w->block_pos[((size_t)blk * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs + (size_t)slot];
     }
     kpos[j] = p;
@@ -821,7 +1014,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE);
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs);
     }
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, mt = -INFINITY, sum = 0.0f;
@@ -852,7 +1045,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     }
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV);
+      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs);
     }
   }
   for (t = 0; t < nrows; t++) {
@@ -1058,6 +1251,7 @@ typedef struct {
 struct kva_cache {
   kva_cache_kind kind;
   int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live;
+  float k_scale, v_scale;   /* FP8 tensor scales (LATENT uses k_scale for its one vector) */
   kva_dtype *kt, *vt;       /* [n_layers] */
   size_t *k_row, *v_row;    /* [n_layers] bytes of one token of one head */
   size_t *v_off;            /* [n_layers] offset of V inside a layer block */
@@ -1080,7 +1274,6 @@ struct kva_cache {
 
 static inline kva_dtype kva__resolve_dtype(kva_dtype t) { return t == KVA_DTYPE_DEFAULT ? KVA_F16 : t; }
 static inline int kva__dtype_valid(kva_dtype t) { return t >= KVA_DTYPE_DEFAULT && t <= KVA_FP8_E5M2; }
-static inline int kva__dtype_implemented(kva_dtype t) { return t == KVA_F32 || t == KVA_F16 || t == KVA_BF16; }
 
 /* Bytes of one token of one head in type t (with its scale, for INT8). */
 static inline size_t kva__row_bytes(kva_dtype t, int dim) {
@@ -1162,11 +1355,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
     if ((vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f)) return KVA_ERR_ARG;
   }
-  for (l = 0; l < d->n_layers; l++) {
-    kva_dtype kt, vt;
-    kva__layer_types(d, l, &kt, &vt);
-    if (!kva__dtype_implemented(kt) || !kva__dtype_implemented(vt)) return KVA_ERR_UNSUPPORTED;
-  }
 
   memset(&tmp, 0, sizeof tmp);
   /* per-layer block sizes, each layer's block 64-byte aligned */
@@ -1233,6 +1421,8 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->D = d->head_dim;
   c->DV = d->v_dim ? d->v_dim : d->head_dim;
   c->bs = bs;
+  c->k_scale = d->k_scale;
+  c->v_scale = d->v_scale;
   c->n_blocks = n_blocks;
   c->max_seqs = max_seqs;
   c->max_table = n_blocks;
@@ -1679,10 +1869,10 @@ KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, c
     int32_t b = kva__slot_block(c, s, slot, &in_block);
     for (g = 0; g < c->G; g++) {
       kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
-                     k + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->D, c->D);
+                     k + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->D, c->D, c->k_scale);
       if (c->kind == KVA_CACHE_KV)
         kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
-                       v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV);
+                       v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV, c->v_scale);
     }
   }
   return KVA_OK;
@@ -1693,6 +1883,10 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->paged = 1;
   w->kt = c->kt[layer];
   w->vt = c->kind == KVA_CACHE_KV ? c->vt[layer] : c->kt[layer];
+  w->k_code_off = kva__code_offset(w->kt);
+  w->v_code_off = kva__code_offset(w->vt);
+  w->k_cs = c->k_scale;
+  w->v_cs = c->kind == KVA_CACHE_KV ? c->v_scale : c->k_scale;
   w->pool = c->pool[layer];
   w->block_bytes = c->layer_block[layer];
   w->v_off = c->v_off[layer];
@@ -1738,8 +1932,12 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
   if (slot >= s->len) return KVA_ERR_ARG;
   b = kva__slot_block(c, s, slot, &in_block);
   for (g = 0; g < c->G; g++) {
-    if (k) kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D);
-    if (v) kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV);
+    if (k)
+      kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D,
+                    c->k_scale);
+    if (v)
+      kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV,
+                    c->v_scale);
     if (pos) pos[g] = *kva__pos_ptr(c, layer, b, g, in_block);
   }
   return KVA_OK;
