@@ -930,6 +930,7 @@ typedef struct {
   size_t k_tok_stride, v_tok_stride;  /* bytes from token j to j+1 */
   size_t k_head_stride, v_head_stride;
   const int32_t *pos;                 /* NULL => position j */
+  float *key_scores;                  /* paged, H2O: [block][G][bs] accumulated probabilities, or NULL */
   /* paged: block b of a layer at pool + b * block_bytes */
   const unsigned char *pool;
   size_t block_bytes, v_off;          /* V region offset inside a block (== 0 offset for latent K) */
@@ -1048,6 +1049,29 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs);
     }
   }
+  if (w->key_scores) { /* H2O: add each key's final probability, summed over the rows */
+    for (j0 = 0; j0 < n_kv; j0 += KVA__TILE) {
+      int nk = n_kv - j0 < KVA__TILE ? n_kv - j0 : KVA__TILE;
+      kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
+      if (kmin > qmax) continue;
+      for (rb = 0; rb < nrows; rb += KVA__NR) {
+        int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+        kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs);
+      }
+      for (j = 0; j < nk; j++) {
+        int tk = j0 + j, bs = w->block_size;
+        float sum = 0.0f;
+        for (t = 0; t < nrows; t++) {
+          float x = scores[t * KVA__TILE + j] * P->scale;
+          if (l[t] <= 0.0f || !kva__visible(P, qp[t], kpos[j])) continue;
+          if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
+          sum += expf(x - m[t]) / l[t];
+        }
+        w->key_scores[((size_t)w->table[tk / bs] * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs +
+                      (size_t)(tk % bs)] += sum;
+      }
+    }
+  }
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
     if (l[t] > 0.0f) {
@@ -1073,13 +1097,18 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
                                    int n_q, const int32_t *q_pos, int32_t q_base, float *out, float *lse,
                                    int n_threads) {
   int rows = n_q * P->R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
-  int items = P->G * chunks, it, nt = kva__threads(n_threads);
+  /* with key scores, one item per KV head: its chunks add to the same keys */
+  int per_item = w->key_scores ? chunks : 1;
+  int items = P->G * (chunks / per_item), it, nt = kva__threads(n_threads);
   (void)nt;
   KVA__OMP_FOR(nt)
   for (it = 0; it < items; it++) {
-    int g = it / chunks, c0 = (it % chunks) * KVA__MAXROWS;
-    int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
-    kva__attend_rows(P, w, n_kv, g, q, q_pos, q_base, c0, nrows, out, lse);
+    int g = it / (chunks / per_item), k;
+    for (k = 0; k < per_item; k++) {
+      int c0 = ((it % (chunks / per_item)) * per_item + k) * KVA__MAXROWS;
+      int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
+      kva__attend_rows(P, w, n_kv, g, q, q_pos, q_base, c0, nrows, out, lse);
+    }
   }
 }
 
@@ -1223,6 +1252,17 @@ typedef struct {
   long prefix_forgotten;/* published blocks dropped by prefix_max_age or recycled for space */
 } kva_cache_stats;
 
+typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
+/* Eviction policy of a sequence. WINDOW keeps the first n_sink positions and
+   the newest tokens (budget in all); H2O keeps the first n_sink positions,
+   the n_recent newest and the tokens with the highest accumulated attention. */
+typedef struct {
+  kva_evict_kind kind;
+  int budget;   /* tokens held at most (after the append, unless nothing is evictable) */
+  int n_sink;
+  int n_recent; /* H2O only */
+} kva_evict;
+
 typedef struct {
   int gen;          /* the id is gen * max_seqs + index; bumped on free */
   int live;
@@ -1230,6 +1270,8 @@ typedef struct {
   int pos;          /* next absolute position */
   int n_blocks;     /* entries of table in use */
   int last_append;  /* newest tokens that kva_store / kva_attend_cache may address */
+  kva_evict evict;  /* active policy */
+  kva_evict evict_next; /* set by kva_seq_set_evict, active from the next append */
   int32_t *table;   /* [max_table] block ids */
 } kva__seq;
 
@@ -1258,6 +1300,9 @@ struct kva_cache {
   size_t *layer_block;      /* [n_layers] bytes of one block of one layer */
   unsigned char **pool;     /* [n_layers] */
   int32_t *block_pos;       /* [n_layers][n_blocks][G][bs] */
+  float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention */
+  int32_t *victims;         /* [n_blocks * bs] eviction scratch */
+  unsigned char *victim_flag; /* [n_blocks * bs] */
   kva__block *blk;          /* [n_blocks + 2]; sentinels: free list n_blocks, cached list n_blocks+1 */
   int32_t *blk_tokens;      /* [n_blocks][bs] token ids a published block was published under */
   int32_t *buckets;         /* [n_buckets] prefix hash table heads */
@@ -1338,6 +1383,7 @@ static inline void kva__list_push_back(kva_cache *c, int list, int b) {
 KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   kva_cache tmp, *c;
   size_t block_bytes = 0, off, total, pos_bytes;
+  size_t o_score, o_vict, o_vflag;
   size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_blk, o_tok, o_bkt, o_seqs, o_tables, o_data;
   size_t n_buckets = 1;
   int l, i, bs, n_blocks, max_seqs;
@@ -1388,6 +1434,9 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   o_pool = off; off = kva__align64(off + sizeof(unsigned char *) * (size_t)d->n_layers);
   pos_bytes = sizeof(int32_t) * (size_t)d->n_layers * (size_t)n_blocks * (size_t)d->n_kv_heads * (size_t)bs;
   o_pos = off; off = kva__align64(off + pos_bytes);
+  o_score = off; off = kva__align64(off + pos_bytes);
+  o_vict = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
+  o_vflag = off; off = kva__align64(off + (size_t)n_blocks * (size_t)bs);
   while (n_buckets < (size_t)n_blocks) n_buckets <<= 1;
   o_blk = off; off = kva__align64(off + sizeof(kva__block) * ((size_t)n_blocks + 2));
   o_tok = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
@@ -1434,6 +1483,9 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->layer_block = (size_t *)(raw + o_lb);
   c->pool = (unsigned char **)(raw + o_pool);
   c->block_pos = (int32_t *)(raw + o_pos);
+  c->block_score = (float *)(raw + o_score);
+  c->victims = (int32_t *)(raw + o_vict);
+  c->victim_flag = raw + o_vflag;
   c->blk = (kva__block *)(raw + o_blk);
   c->blk_tokens = (int32_t *)(raw + o_tok);
   c->buckets = (int32_t *)(raw + o_bkt);
@@ -1488,7 +1540,11 @@ static inline int32_t *kva__pos_ptr(const kva_cache *c, int l, int32_t b, int g,
          (size_t)slot;
 }
 
-/* Slot `slot` of every layer and head: zero data, set position. */
+static inline float *kva__score_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->block_score + (kva__pos_ptr(c, l, b, g, slot) - c->block_pos);
+}
+
+/* Slot `slot` of every layer and head: zero data and score, set position. */
 static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos) {
   int l, g;
   for (l = 0; l < c->n_layers; l++)
@@ -1496,7 +1552,16 @@ static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos
       memset(kva__k_ptr(c, l, b, g, slot), 0, c->k_row[l]);
       if (c->kind == KVA_CACHE_KV) memset(kva__v_ptr(c, l, b, g, slot), 0, c->v_row[l]);
       *kva__pos_ptr(c, l, b, g, slot) = pos;
+      *kva__score_ptr(c, l, b, g, slot) = 0.0f;
     }
+}
+
+/* One head's token moves from one slot to another (eviction compaction). */
+static inline void kva__slot_move(kva_cache *c, int l, int g, int32_t db, int ds, int32_t sb, int ss) {
+  memcpy(kva__k_ptr(c, l, db, g, ds), kva__k_ptr(c, l, sb, g, ss), c->k_row[l]);
+  if (c->kind == KVA_CACHE_KV) memcpy(kva__v_ptr(c, l, db, g, ds), kva__v_ptr(c, l, sb, g, ss), c->v_row[l]);
+  *kva__pos_ptr(c, l, db, g, ds) = *kva__pos_ptr(c, l, sb, g, ss);
+  *kva__score_ptr(c, l, db, g, ds) = *kva__score_ptr(c, l, sb, g, ss);
 }
 
 /* --- prefix hash table --- */
@@ -1598,11 +1663,6 @@ static inline int kva__tail_needs_copy(const kva_cache *c, const kva__seq *s) {
   return c->blk[b].ref > 1 || c->blk[b].published;
 }
 
-/* Blocks an append of n tokens takes (new blocks + a copy-on-write copy). */
-static inline long kva__append_need(const kva_cache *c, const kva__seq *s, int n) {
-  return (long)kva__blocks_for(c, (long)s->len + n) - s->n_blocks + (n > 0 && kva__tail_needs_copy(c, s));
-}
-
 static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
   int l;
   for (l = 0; l < c->n_layers; l++) {
@@ -1610,6 +1670,7 @@ static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
     memcpy(c->pool[l] + (size_t)dst * c->layer_block[l], c->pool[l] + (size_t)src * c->layer_block[l],
            c->layer_block[l]);
     memcpy(kva__pos_ptr(c, l, dst, 0, 0), kva__pos_ptr(c, l, src, 0, 0), pos_block * sizeof(int32_t));
+    memcpy(kva__score_ptr(c, l, dst, 0, 0), kva__score_ptr(c, l, src, 0, 0), pos_block * sizeof(float));
   }
 }
 
@@ -1677,23 +1738,172 @@ KVA_API int kva_seq_pos(const kva_cache *c, int seq) {
   return s ? s->pos : -1;
 }
 
-/* Make room for n_tokens more tokens at the next positions: all or nothing. */
+/* --- eviction (planned first, applied only if the whole append fits) --- */
+
+static inline int kva__block_shared(const kva_cache *c, int32_t b) { return c->blk[b].ref > 1 || c->blk[b].published; }
+
+/* Is the token in this slot of head (l, g) evictable under policy e? */
+static inline int kva__evictable(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, int slot) {
+  int in_block;
+  int32_t b = kva__slot_block(c, s, slot, &in_block), p = *kva__pos_ptr(c, l, b, g, in_block);
+  if (p < e->n_sink) return 0;
+  return e->kind != KVA_EVICT_H2O || (long)p < (long)s->pos - e->n_recent;
+}
+
+/* Tokens an append of n may evict: the fewest evictable over all heads. */
+static inline int kva__evict_count(const kva_cache *c, const kva__seq *s, const kva_evict *e, int n) {
+  int l, g, slot, want, least = INT_MAX;
+  if (e->kind == KVA_EVICT_NONE || (long)s->len + n <= e->budget) return 0;
+  want = (int)((long)s->len + n - e->budget);
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++) {
+      int k = 0;
+      for (slot = 0; slot < s->len && k < want; slot++) k += kva__evictable(c, s, e, l, g, slot);
+      if (k < least) least = k;
+    }
+  return want < least ? want : least;
+}
+
+/* Victim order: H2O lowest score first, then oldest; WINDOW oldest first. */
+static inline int kva__victim_before(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, int a,
+                                     int b) {
+  int ia, ib;
+  int32_t ba = kva__slot_block(c, s, a, &ia), bb = kva__slot_block(c, s, b, &ib);
+  if (e->kind == KVA_EVICT_H2O) {
+    float sa = *kva__score_ptr(c, l, ba, g, ia), sb = *kva__score_ptr(c, l, bb, g, ib);
+    if (sa != sb) return sa < sb;
+  }
+  return *kva__pos_ptr(c, l, ba, g, ia) < *kva__pos_ptr(c, l, bb, g, ib);
+}
+
+/* Evict `count` tokens from every head, filling the holes below the new
+   length with the survivors above it; blocks below it are private. */
+static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *e, int count) {
+  int l, g, k, slot, new_len = s->len - count;
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++) {
+      int nv = 0, src = new_len;
+      /* pick victims one by one: count is small on decode steps; a chunk's selection is O(count * len) */
+      for (k = 0; k < count; k++) {
+        int best = -1;
+        for (slot = 0; slot < s->len; slot++)
+          if (!c->victim_flag[slot] && kva__evictable(c, s, e, l, g, slot) &&
+              (best < 0 || kva__victim_before(c, s, e, l, g, slot, best)))
+            best = slot;
+        KVATTN_ASSERT(best >= 0);
+        c->victim_flag[best] = 1;
+        c->victims[nv++] = best;
+      }
+      for (k = 0; k < nv; k++) {
+        int hole = c->victims[k], hi, si;
+        int32_t hb, sb;
+        if (hole >= new_len) continue;
+        while (c->victim_flag[src]) src++;
+        hb = kva__slot_block(c, s, hole, &hi);
+        sb = kva__slot_block(c, s, src, &si);
+        kva__slot_move(c, l, g, hb, hi, sb, si);
+        src++;
+      }
+      for (k = 0; k < nv; k++) c->victim_flag[c->victims[k]] = 0;
+    }
+}
+
+static inline kva_status kva__evict_check(const kva_evict *e) {
+  if (!e) return KVA_ERR_ARG;
+  switch (e->kind) {
+    case KVA_EVICT_NONE: return KVA_OK;
+    case KVA_EVICT_WINDOW:
+      return e->budget <= 0 || e->n_sink < 0 || e->n_sink > e->budget ? KVA_ERR_ARG : KVA_OK;
+    case KVA_EVICT_H2O:
+      return e->budget <= 0 || e->n_sink < 0 || e->n_recent < 0 || (long)e->n_sink + e->n_recent > e->budget
+                 ? KVA_ERR_ARG
+                 : KVA_OK;
+  }
+  return KVA_ERR_ARG;
+}
+
+/* What an append of n tokens would do: evict, copy shared blocks that
+   eviction compacts or H2O scores (all kept blocks, a slight over-copy),
+   release emptied blocks, copy a shared partial tail, take new blocks. */
+typedef struct {
+  int n_evict, keep_blocks, private_to, fits_now;
+  long copies, fresh, releasable;
+} kva__append_plan;
+
+static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, kva__append_plan *pl) {
+  const kva_evict *e = &s->evict_next;
+  int i, new_len;
+  long avail = (long)c->n_free + c->n_cached;
+  pl->n_evict = kva__evict_count(c, s, e, n);
+  new_len = s->len - pl->n_evict;
+  pl->keep_blocks = kva__blocks_for(c, new_len);
+  pl->private_to = e->kind == KVA_EVICT_H2O || pl->n_evict > 0 ? pl->keep_blocks : 0;
+  pl->copies = pl->releasable = 0;
+  for (i = 0; i < pl->private_to; i++) pl->copies += kva__block_shared(c, s->table[i]);
+  for (i = pl->keep_blocks; i < s->n_blocks; i++) pl->releasable += c->blk[s->table[i]].ref == 1;
+  pl->fresh = kva__blocks_for(c, (long)new_len + n) - pl->keep_blocks;
+  if (new_len % c->bs && new_len / c->bs >= pl->private_to && kva__block_shared(c, s->table[new_len / c->bs]))
+    pl->fresh++;
+  /* copies are taken before emptied blocks return to the pool */
+  pl->fits_now = pl->copies <= avail && pl->copies + pl->fresh <= avail + pl->releasable &&
+                 kva__blocks_for(c, (long)new_len + n) <= c->max_table;
+}
+
+/* Set or change the policy; it applies from the next kva_seq_append. */
+KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) {
+  kva__seq *s;
+  if (!c || kva__evict_check(e) != KVA_OK) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  s->evict_next = *e;
+  if (e->kind == KVA_EVICT_NONE) memset(&s->evict_next, 0, sizeof s->evict_next);
+  return KVA_OK;
+}
+
+/* Make room for n_tokens more tokens at the next positions: all or nothing.
+   Plan: evict (policy), copy shared blocks that eviction compacts or H2O
+   scores, release emptied blocks, copy a shared partial tail, take new
+   blocks. Nothing is applied unless all of it fits. */
 KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__seq *s;
-  long need;
-  int i;
+  const kva_evict *e;
+  kva__append_plan pl;
+  int i, zero_scores;
   if (!c || n_tokens < 0) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
   if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_ERR_ARG; /* positions are int32 */
-  need = kva__append_need(c, s, n_tokens);
-  if (need > (long)c->n_free + c->n_cached || kva__blocks_for(c, (long)s->len + n_tokens) > c->max_table) {
+  e = &s->evict_next;
+  kva__plan_append(c, s, n_tokens, &pl);
+  if (!pl.fits_now) {
     c->appends_failed++;
     return KVA_ERR_FULL;
   }
+
+  /* commit */
   c->append_counter++;
   kva__prefix_expire(c);
+  zero_scores = e->kind == KVA_EVICT_H2O && s->evict.kind != KVA_EVICT_H2O;
+  s->evict = *e;
+  for (i = 0; i < pl.private_to; i++) {
+    int32_t old = s->table[i], b;
+    if (!kva__block_shared(c, old)) continue;
+    b = kva__block_take(c);
+    kva__copy_block(c, b, old);
+    kva__block_release(c, old);
+    s->table[i] = b;
+    c->cow_copies++;
+  }
+  if (zero_scores) /* scores count only attention made while H2O is the policy */
+    for (i = 0; i < s->n_blocks && i < pl.keep_blocks; i++) {
+      int l;
+      for (l = 0; l < c->n_layers; l++)
+        memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
+    }
+  if (pl.n_evict > 0) kva__evict_apply(c, s, e, pl.n_evict);
+  while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
+  s->len -= pl.n_evict;
   if (kva__tail_needs_copy(c, s)) {
     int ti = s->len / c->bs;
     int32_t old = s->table[ti], b = kva__block_take(c);
@@ -1732,6 +1942,7 @@ KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   memcpy(d->table, s->table, (size_t)s->n_blocks * sizeof(int32_t));
   for (i = 0; i < s->n_blocks; i++) kva__block_ref(c, s->table[i]);
   d->last_append = s->last_append = 0; /* the newest blocks are shared now */
+  /* policy and H2O scores travel with the fork (the scores live in the shared blocks) */
   *dst = id;
   return KVA_OK;
 }
@@ -1758,14 +1969,19 @@ typedef enum { KVA_FITS_NOW = 0, KVA_FITS_LATER, KVA_FITS_NEVER } kva_fit;
    their blocks, or never in this pool; *blocks_needed = blocks it takes. */
 KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blocks_needed) {
   const kva__seq *s = kva__seq_get(c, seq);
-  long need;
+  kva__append_plan pl;
   if (!s || n_tokens < 0) return KVA_FITS_NEVER;
   if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_FITS_NEVER;
-  need = n_tokens ? kva__append_need(c, s, n_tokens) : 0;
-  if (blocks_needed) *blocks_needed = (int)need;
-  if (need <= (long)c->n_free + c->n_cached) return KVA_FITS_NOW;
+  if (n_tokens == 0) {
+    if (blocks_needed) *blocks_needed = 0;
+    return KVA_FITS_NOW;
+  }
+  kva__plan_append(c, s, n_tokens, &pl);
+  if (blocks_needed) *blocks_needed = (int)(pl.copies + pl.fresh);
+  if (pl.fits_now) return KVA_FITS_NOW;
   /* the sequence keeps its own blocks, whoever else releases theirs */
-  if (kva__blocks_for(c, (long)s->len + n_tokens) > c->max_table || need > (long)c->n_blocks - s->n_blocks)
+  if (kva__blocks_for(c, (long)s->len - pl.n_evict + n_tokens) > c->max_table ||
+      pl.copies + pl.fresh - pl.releasable > (long)c->n_blocks - s->n_blocks)
     return KVA_FITS_NEVER;
   return KVA_FITS_LATER;
 }
@@ -1914,6 +2130,8 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
   if (!s) return KVA_ERR_SEQ;
   if (n_q > s->last_append) return KVA_ERR_ARG;
   kva__cache_view(c, s, layer, &w);
+  if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
+    w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads);
   return KVA_OK;
 }
