@@ -146,9 +146,11 @@
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
+#define KVA__PREFETCH(p) __builtin_prefetch(p)
 #define KVA__FORCEINLINE static inline __attribute__((always_inline))
 #define KVA__ALIGN(n) __attribute__((aligned(n)))
 #else
+#define KVA__PREFETCH(p) ((void)(p))
 #define KVA__FORCEINLINE static inline
 #define KVA__ALIGN(n)
 #endif
@@ -923,7 +925,7 @@ static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n
 /* Where the keys and values of one KV head come from. */
 typedef struct {
   int paged;                          /* 0: plain arrays, 1: block table */
-  kva_dtype kt, vt;
+  kva_dtype kt = KVA_F16, vt = KVA_F16;
   float k_cs, v_cs;                   /* FP8 tensor scales */
   /* plain arrays: token j of head g at base + (j*n_kv_heads + g) * row bytes */
   const unsigned char *k, *v;
@@ -945,28 +947,45 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
                                   const void **vrows, int32_t *kpos, int32_t *kmin, int32_t *kmax) {
   int j;
   int32_t lo = INT32_MAX, hi = INT32_MIN;
-  for (j = 0; j < n; j++) {
-    int t = j0 + j;
-    int32_t p;
-    if (!w->paged) {
+  if (!w->paged) {
+    for (j = 0; j < n; j++) {
+      int t = j0 + j;
       krows[j] = w->k + (size_t)t * w->k_tok_stride + (size_t)g * w->k_head_stride;
       vrows[j] = w->v + (size_t)t * w->v_tok_stride + (size_t)g * w->v_head_stride;
-      p = w->pos ? w->pos[t] : (int32_t)t;
-    } else {
-      int bs = w->block_size, slot = t % bs;
-      int32_t blk = w->table[t / bs];
-      const unsigned char *b = w->pool + (size_t)blk * w->block_bytes;
-      size_t hs = (size_t)g * (size_t)bs + (size_t)slot;
-      krows[j] = b + hs * w->k_row + w->k_code_off;
-      vrows[j] = b + w->v_off + hs * w->v_row + w->v_code_off;
-      p = w->block_pos[((size_t)blk * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs + (size_t)slot];
+      kpos[j] = w->pos ? w->pos[t] : (int32_t)t;
     }
-    kpos[j] = p;
-    if (p < lo) lo = p;
-    if (p > hi) hi = p;
+  } else { /* walk the block table: slots of one head are contiguous inside a block */
+    int bs = w->block_size, ti = j0 / bs, slot = j0 % bs;
+    for (j = 0; j < n; ti++, slot = 0) {
+      int32_t blk = w->table[ti];
+      const unsigned char *b = w->pool + (size_t)blk * w->block_bytes;
+      size_t hs = (size_t)g * (size_t)bs;
+      const unsigned char *kr = b + (hs + (size_t)slot) * w->k_row + w->k_code_off;
+      const unsigned char *vr = b + w->v_off + (hs + (size_t)slot) * w->v_row + w->v_code_off;
+      const int32_t *pp = w->block_pos + ((size_t)blk * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs;
+      for (; slot < bs && j < n; slot++, j++, kr += w->k_row, vr += w->v_row) {
+        krows[j] = kr;
+        vrows[j] = vr;
+        kpos[j] = pp[slot];
+      }
+    }
+  }
+  for (j = 0; j < n; j++) {
+    if (kpos[j] < lo) lo = kpos[j];
+    if (kpos[j] > hi) hi = kpos[j];
   }
   *kmin = lo;
   *kmax = hi;
+}
+
+/* Start loading a tile's value rows while its scores are computed: the
+   value kernel walks them column block by column block, which the hardware
+   prefetchers do not follow. */
+static inline void kva__prefetch_rows(const void *const *rows, int n, size_t row_bytes) {
+  int j;
+  size_t off;
+  for (j = 0; j < n; j++)
+    for (off = 0; off < row_bytes; off += 64) KVA__PREFETCH((const char *)rows[j] + off);
 }
 
 /* Resolved attention parameters. */
@@ -1012,6 +1031,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
     if (kmin > qmax) continue; /* every key is in every row's future */
     if (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) continue;
+    kva__prefetch_rows(vrows, nk, (size_t)P->DV * kva__dtype_size(w->vt));
     all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
@@ -1192,7 +1212,7 @@ static inline void kva__rope_token(const kva_rope *r, int dim, float *x, int n_h
 /* In place over x [n_tokens][n_heads][head_dim]; pos NULL => 0..n_tokens-1. */
 KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int n_heads, int head_dim,
                                   const int32_t *pos) {
-  int dim, t;
+  int dim = 0, t;
   if (kva__rope_check(r, head_dim, &dim) != KVA_OK || n_tokens < 0 || n_heads <= 0) return KVA_ERR_ARG;
   if (n_tokens == 0 || !kva__rope_active(r)) return KVA_OK;
   if (!x) return KVA_ERR_ARG;
@@ -1354,7 +1374,7 @@ KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d) {
   if (!kva__desc_shape_ok(d)) return 0;
   dv = d->v_dim ? d->v_dim : d->head_dim;
   for (l = 0; l < d->n_layers; l++) {
-    kva_dtype kt, vt;
+    kva_dtype kt = KVA_F16, vt = KVA_F16;
     if (!kva__layer_types(d, l, &kt, &vt)) return 0;
     total += (size_t)d->n_kv_heads * kva__row_bytes(kt, d->head_dim);
     if (d->kind == KVA_CACHE_KV) total += (size_t)d->n_kv_heads * kva__row_bytes(vt, dv);
@@ -1396,7 +1416,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   max_seqs = d->max_seqs ? d->max_seqs : 256;
   if (bs > (1 << 20) || max_seqs > (1 << 20)) return KVA_ERR_ARG;
   for (l = 0; l < d->n_layers; l++) {
-    kva_dtype kt, vt;
+    kva_dtype kt = KVA_F16, vt = KVA_F16;
     if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
     if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
     if ((vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f)) return KVA_ERR_ARG;
@@ -1405,7 +1425,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   memset(&tmp, 0, sizeof tmp);
   /* per-layer block sizes, each layer's block 64-byte aligned */
   for (l = 0; l < d->n_layers; l++) {
-    kva_dtype kt, vt;
+    kva_dtype kt = KVA_F16, vt = KVA_F16;
     size_t kb, vb;
     kva__layer_types(d, l, &kt, &vt);
     kb = kva__row_bytes(kt, d->head_dim) * (size_t)d->n_kv_heads * (size_t)bs;
@@ -1895,13 +1915,20 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
     s->table[i] = b;
     c->cow_copies++;
   }
-  if (zero_scores) /* scores count only attention made while H2O is the policy */
-    for (i = 0; i < s->n_blocks && i < pl.keep_blocks; i++) {
+  /* Scores count only attention made while H2O is the policy: on switching
+     to H2O every score is 0, so this eviction goes oldest first, and the
+     kept (now private) blocks are zeroed after the compaction. */
+  if (pl.n_evict > 0) {
+    kva_evict by_age = *e;
+    if (zero_scores) by_age.kind = KVA_EVICT_WINDOW, by_age.n_recent = 0;
+    kva__evict_apply(c, s, zero_scores ? &by_age : e, pl.n_evict);
+  }
+  if (zero_scores)
+    for (i = 0; i < pl.keep_blocks; i++) {
       int l;
       for (l = 0; l < c->n_layers; l++)
         memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
     }
-  if (pl.n_evict > 0) kva__evict_apply(c, s, e, pl.n_evict);
   while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl.n_evict;
   if (kva__tail_needs_copy(c, s)) {
@@ -2195,7 +2222,7 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   kva__seq *s;
   float *q, *k, *v, *att;
   int32_t *pos;
-  int t, dim, nt;
+  int t, dim = 0, nt;
   size_t nq, nkv;
   kva_status st;
   if (!L || !c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || L->d_model <= 0) return KVA_ERR_ARG;
@@ -2274,7 +2301,7 @@ static inline void kva__rmsnorm(float *x, int n, int dim, const float *gain, flo
 }
 
 static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache *c, int layer) {
-  int dim;
+  int dim = 0;
   if (!L || !c || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
   if (L->d_model <= 0 || L->n_heads <= 0 || L->d_latent <= 0 || L->d_nope <= 0 || L->d_rope < 0 || L->d_v <= 0 ||
       L->q_lora_rank < 0 || L->n_threads < 0 || L->norm_eps < 0.0f)
@@ -2350,7 +2377,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
     for (i = 0; i < dr; i++)
       row[dl + i] = kva__dot_f32(xt, L->w_kr + (size_t)i * (size_t)L->d_model, L->d_model) + (L->b_kr ? L->b_kr[i] : 0.0f);
     if (dr > 0) {
-      int dim;
+      int dim = 0;
       kva__rope_check(&L->rope, dr, &dim);
       if (kva__rope_active(&L->rope)) {
         kva__rope_token(&L->rope, dim, row + dl, 1, dr, pos[t]);
