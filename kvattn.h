@@ -925,7 +925,7 @@ static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n
 /* Where the keys and values of one KV head come from. */
 typedef struct {
   int paged;                          /* 0: plain arrays, 1: block table */
-  kva_dtype kt = KVA_F16, vt = KVA_F16;
+  kva_dtype kt, vt;
   float k_cs, v_cs;                   /* FP8 tensor scales */
   /* plain arrays: token j of head g at base + (j*n_kv_heads + g) * row bytes */
   const unsigned char *k, *v;
@@ -1304,6 +1304,7 @@ typedef struct {
   int32_t next, prev;       /* list links */
   int32_t hnext;            /* next block in the same prefix-hash bucket */
   int32_t parent;           /* published: block before it in its chain, -1 for the first */
+  int32_t first_child, next_sib, prev_sib; /* published blocks whose parent this is */
   int32_t published;
   uint64_t pub_gen;         /* unique per publication: children name their parent by (id, pub_gen) */
   uint64_t parent_gen, salt, hash;
@@ -1527,6 +1528,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->block_bytes = block_bytes;
   c->bytes_meta = o_data;
   for (i = 0; i < max_seqs; i++) c->seqs[i].table = (int32_t *)(raw + o_tables) + (size_t)i * (size_t)n_blocks;
+  for (i = 0; i < n_blocks; i++) c->blk[i].first_child = -1;
   for (i = n_blocks; i < n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
   for (i = 0; i < n_blocks; i++) kva__list_push_back(c, KVA__FREE_LIST(c), i);
   c->n_free = n_blocks;
@@ -1620,17 +1622,41 @@ static inline int32_t kva__prefix_find(const kva_cache *c, int32_t parent, uint6
   return -1;
 }
 
-static inline void kva__unpublish(kva_cache *c, int32_t b) {
+static inline void kva__unpublish_one(kva_cache *c, int32_t b) {
   kva__block *k = &c->blk[b];
   int32_t *link = &c->buckets[k->hash & c->bucket_mask];
+  KVATTN_ASSERT(k->first_child < 0);
   while (*link != b) link = &c->blk[*link].hnext;
   *link = k->hnext;
+  if (k->parent >= 0) { /* leave the parent's list of children */
+    if (k->prev_sib >= 0) c->blk[k->prev_sib].next_sib = k->next_sib;
+    else c->blk[k->parent].first_child = k->next_sib;
+    if (k->next_sib >= 0) c->blk[k->next_sib].prev_sib = k->prev_sib;
+  }
   k->published = 0;
   if (k->ref == 0) { /* cached -> free */
     kva__list_remove(c, b);
     c->n_cached--;
     kva__list_push_back(c, KVA__FREE_LIST(c), b);
     c->n_free++;
+  }
+}
+
+/* Forget a published block and everything published under it: children
+   name their parent by publication, so without it they are unreachable. */
+static inline void kva__unpublish(kva_cache *c, int32_t b) {
+  int32_t *stack = c->victims; /* n_blocks * bs >= published blocks */
+  int top = 0;
+  stack[top++] = b;
+  while (top > 0) {
+    int32_t x = stack[top - 1];
+    if (c->blk[x].first_child >= 0) {
+      stack[top++] = c->blk[x].first_child;
+      continue;
+    }
+    top--;
+    kva__unpublish_one(c, x);
+    if (x != b) c->prefix_forgotten++;
   }
 }
 
@@ -2006,10 +2032,8 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
   kva__plan_append(c, s, n_tokens, &pl);
   if (blocks_needed) *blocks_needed = (int)(pl.copies + pl.fresh);
   if (pl.fits_now) return KVA_FITS_NOW;
-  /* the sequence keeps its own blocks, whoever else releases theirs */
-  if (kva__blocks_for(c, (long)s->len - pl.n_evict + n_tokens) > c->max_table ||
-      pl.copies + pl.fresh - pl.releasable > (long)c->n_blocks - s->n_blocks)
-    return KVA_FITS_NEVER;
+  /* once every other sequence let go, nothing is shared: the sequence needs its own blocks only */
+  if (kva__blocks_for(c, (long)s->len - pl.n_evict + n_tokens) > c->n_blocks) return KVA_FITS_NEVER;
   return KVA_FITS_LATER;
 }
 
@@ -2044,6 +2068,13 @@ KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens,
       memcpy(c->blk_tokens + (size_t)b * (size_t)c->bs, tok, (size_t)c->bs * sizeof(int32_t));
       k->hnext = c->buckets[k->hash & c->bucket_mask];
       c->buckets[k->hash & c->bucket_mask] = b;
+      k->first_child = k->prev_sib = -1;
+      k->next_sib = -1;
+      if (parent >= 0) {
+        k->next_sib = c->blk[parent].first_child;
+        if (k->next_sib >= 0) c->blk[k->next_sib].prev_sib = b;
+        c->blk[parent].first_child = b;
+      }
       have = b;
     } else if (have < 0) {
       break; /* published under another key: the chain under this key ends here */
@@ -2347,7 +2378,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
        + n * (size_t)H * (size_t)dk            /* attention queries */
        + n * (size_t)H * (size_t)(L->naive ? dv : dl) /* attention output */
        + n * (size_t)H * (size_t)dv;           /* per-head values */
-  if (L->naive) need += (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)len + (size_t)(dl + dr);
+  if (L->naive) need += (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)(dl + dr) + n * (size_t)H;
   buf = (float *)KVATTN_MALLOC(need * sizeof(float) + (n + (size_t)len + 1) * sizeof(int32_t));
   if (!buf) return KVA_ERR_NOMEM;
   q = buf;
@@ -2356,7 +2387,8 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   qk = lat + n * (size_t)(dl + dr) + n * (size_t)L->q_lora_rank;
   ov = qk + n * (size_t)H * (size_t)dk;
   o = ov + n * (size_t)H * (size_t)(L->naive ? dv : dl);
-  pos = (int32_t *)(o + n * (size_t)H * (size_t)dv + (L->naive ? (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)len + (size_t)(dl + dr) : 0));
+  pos = (int32_t *)(o + n * (size_t)H * (size_t)dv +
+                    (L->naive ? (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)(dl + dr) + n * (size_t)H : 0));
   for (t = 0; t < n_tokens; t++) pos[t] = (int32_t)(s->pos - n_tokens + t);
 
   /* queries [n][H][nope | rope] */
@@ -2415,7 +2447,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   } else {
     /* rebuild per-head K [len][H][nope | rope] and V [len][H][dv] from every cached latent */
     float *K = o + n * (size_t)H * (size_t)dv, *V = K + (size_t)len * (size_t)H * (size_t)dq;
-    float *row = V + (size_t)len * (size_t)H * (size_t)dv;
+    float *row = V + (size_t)len * (size_t)H * (size_t)dv, *lse = row + dl + dr;
     int32_t *kpos = pos + n;
     kva_attn a;
     for (j = 0; j < len; j++) {
@@ -2431,8 +2463,23 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
       }
     }
     memset(&a, 0, sizeof a);
-    a.n_heads = H; a.n_kv_heads = H; a.head_dim = dq; a.v_dim = dv; a.scale = scale; a.n_threads = nt;
-    st = kva_attend(&a, q, n_tokens, pos, K, V, len, kpos, o, NULL);
+    a.n_heads = H; a.n_kv_heads = H; a.n_threads = nt;
+    a.head_dim = dq; a.v_dim = dv; a.scale = scale;
+    st = kva_attend(&a, q, n_tokens, pos, K, V, len, kpos, o, lse);
+    if (st == KVA_OK && s->evict.kind == KVA_EVICT_H2O) /* the scores the absorbed path's kernel would add */
+      for (j = 0; j < len; j++) {
+        int in_block;
+        int32_t b = kva__slot_block(c, s, j, &in_block);
+        float add = 0.0f;
+        for (t = 0; t < n_tokens; t++)
+          for (h = 0; h < H; h++) {
+            float lt = lse[(size_t)t * (size_t)H + (size_t)h];
+            const float *qh = q + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dq;
+            const float *kh = K + ((size_t)j * (size_t)H + (size_t)h) * (size_t)dq;
+            if (kpos[j] <= pos[t] && lt > -INFINITY) add += expf(scale * kva__dot_f32(qh, kh, dq) - lt);
+          }
+        *kva__score_ptr(c, layer, b, 0, in_block) += add;
+      }
   }
   if (st == KVA_OK) kva__linear(o, n_tokens, H * dv, L->wo, L->bo, L->d_model, y, nt);
   KVATTN_FREE(buf);

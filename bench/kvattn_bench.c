@@ -1,0 +1,2377 @@
+/* kvattn_bench — memory per token, speed, accuracy and paging of kvattn.h in one binary.
+
+   Build:  make bench     (gcc -std=c99 -O3 -march=native -fopenmp -I. bench/kvattn_bench.c -lm)
+   Run:    build/kvattn_bench --help
+
+   Subcommands (the first argument; default "summary"):
+     summary    the memory table for every preset + one decode line per variant
+                (F16, 1 thread, cold, 4096 and 32768 tokens) with its bandwidth ratio
+     memory     bytes per token for MHA / MQA / GQA / MLA of each model per dtype,
+                checked against a real cache; FACTS.md checks; the seed's table corrected
+     speed      this machine's read bandwidth and FMA peak, then decode / prefill timings
+     quality    output error of each storage dtype against F32 storage and an fp64 reference
+     paged      decode time against block size and block layout; paged/contiguous ratios
+     plot-data  the CSV that bench/plot.gp draws (memory vs context, decode vs context)
+     all        memory, speed, quality and paged
+
+   Output: an aligned table (default), --csv (one header, one row per result, the same
+   columns for every section, empty where a column does not apply) or --json
+   ({"rows": [...]}: per row only the columns that apply). Progress goes to stderr.
+
+   Every figure comes from the library: kva_cache_bytes_per_token, kva_cache_get_stats on a
+   real (small) cache, kva_attend_cache / kva_attend timings. Nothing here depends on the
+   library's internals, only on the API.md contract. A storage type that kva_cache_create
+   reports as KVA_ERR_UNSUPPORTED is shown as "n/a (not yet)" and lights up by itself once
+   the library supports it.
+*/
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <ctype.h>
+#include <unistd.h>
+
+/* GCC 12 at -O3 reports a false -Wmaybe-uninitialized inside kvattn.h's kva_cache_create
+   (kt/vt of a second kva__layer_types call whose first call was checked); not ours to edit. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "kvattn.h"
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#define BENCH_VERSION "1.0"
+#define GiB (1024.0 * 1024.0 * 1024.0)
+#define MiB (1024.0 * 1024.0)
+
+/* =====================================================================
+   utilities
+   ===================================================================== */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *xalloc(size_t n) {
+  void *p = NULL;
+  if (posix_memalign(&p, 64, n ? n : 64) != 0 || !p) {
+    fprintf(stderr, "kvattn_bench: out of memory (%.1f MiB)\n", (double)n / MiB);
+    exit(2);
+  }
+  return p;
+}
+
+static char *xstrdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = (char *)malloc(n);
+  if (!p) exit(2);
+  memcpy(p, s, n);
+  return p;
+}
+
+static int max_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* splitmix64 */
+static uint64_t rng_u64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double rng_unif(uint64_t *s) { return (double)(rng_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+static double rng_gauss(uint64_t *s) {
+  double u = rng_unif(s), v = rng_unif(s);
+  if (u < 1e-300) u = 1e-300;
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static const char *dtype_str(kva_dtype t) {
+  switch (t) {
+    case KVA_F32: return "f32";
+    case KVA_F16: return "f16";
+    case KVA_BF16: return "bf16";
+    case KVA_INT8: return "int8";
+    case KVA_FP8_E4M3: return "fp8_e4m3";
+    case KVA_FP8_E5M2: return "fp8_e5m2";
+    default: return "default";
+  }
+}
+
+static int parse_dtype(const char *s, kva_dtype *t) {
+  static const struct { const char *n; kva_dtype t; } tab[] = {
+      {"f32", KVA_F32}, {"fp32", KVA_F32}, {"f16", KVA_F16}, {"fp16", KVA_F16}, {"bf16", KVA_BF16},
+      {"int8", KVA_INT8}, {"i8", KVA_INT8}, {"fp8_e4m3", KVA_FP8_E4M3}, {"e4m3", KVA_FP8_E4M3},
+      {"fp8", KVA_FP8_E4M3}, {"fp8_e5m2", KVA_FP8_E5M2}, {"e5m2", KVA_FP8_E5M2}};
+  size_t i;
+  for (i = 0; i < sizeof tab / sizeof tab[0]; i++)
+    if (strcmp(s, tab[i].n) == 0) { *t = tab[i].t; return 1; }
+  return 0;
+}
+
+/* 12345678 -> "12,345,678" */
+static void fmt_sep(double v, char *buf, size_t n) {
+  char tmp[64], out[96];
+  int len, i, j = 0, neg = v < 0;
+  snprintf(tmp, sizeof tmp, "%.0f", fabs(v));
+  len = (int)strlen(tmp);
+  if (neg) out[j++] = '-';
+  for (i = 0; i < len; i++) {
+    out[j++] = tmp[i];
+    if ((len - i - 1) % 3 == 0 && i != len - 1) out[j++] = ',';
+  }
+  out[j] = 0;
+  snprintf(buf, n, "%s", out);
+}
+
+/* "80GiB", "80GB", "512MiB", "512MB", "80G" (= GiB), "1T", plain bytes */
+static int parse_size(const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end), mul = 1;
+  char u[16];
+  size_t i;
+  if (end == s || v < 0) return 0;
+  for (i = 0; end[i] && i < sizeof u - 1; i++) u[i] = (char)tolower((unsigned char)end[i]);
+  u[i] = 0;
+  if (!*u || !strcmp(u, "b")) mul = 1;
+  else if (!strcmp(u, "kb")) mul = 1e3;
+  else if (!strcmp(u, "mb")) mul = 1e6;
+  else if (!strcmp(u, "gb")) mul = 1e9;
+  else if (!strcmp(u, "tb")) mul = 1e12;
+  else if (!strcmp(u, "k") || !strcmp(u, "kib")) mul = 1024.0;
+  else if (!strcmp(u, "m") || !strcmp(u, "mib")) mul = MiB;
+  else if (!strcmp(u, "g") || !strcmp(u, "gib")) mul = GiB;
+  else if (!strcmp(u, "t") || !strcmp(u, "tib")) mul = GiB * 1024.0;
+  else return 0;
+  *out = v * mul;
+  return 1;
+}
+
+/* "1,2,4" -> ints; returns the count, -1 on a bad list */
+static int parse_ints(const char *s, long *out, int max) {
+  int n = 0;
+  while (*s) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || n >= max) return -1;
+    if (*end == 'k' || *end == 'K') { v *= 1024; end++; }
+    out[n++] = v;
+    if (*end == ',') end++;
+    else if (*end) return -1;
+    s = end;
+  }
+  return n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* =====================================================================
+   results: rows with a fixed superset of columns; tables, CSV, JSON
+   ===================================================================== */
+
+#define COLUMNS(X)                                                                                       \
+  X(SECTION, "section") X(MODEL, "model") X(VARIANT, "variant") X(DTYPE, "dtype") X(LAYERS, "n_layers")  \
+  X(HEADS, "n_heads") X(KVHEADS, "n_kv_heads") X(HEADDIM, "head_dim") X(VDIM, "v_dim")                   \
+  X(WINDOW, "window") X(CTX, "ctx") X(BATCH, "batch") X(THREADS, "threads") X(BLOCK, "block_size")       \
+  X(LAYOUT, "layout") X(MODE, "mode") X(NQ, "n_q") X(PATTERN, "pattern")                                 \
+  X(BPTL, "bytes_per_token_layer") X(BPT, "bytes_per_token") X(VSMHA, "vs_mha")                         \
+  X(BYTESCTX, "bytes_at_ctx") X(MEM, "mem_budget") X(MAXCTX, "max_ctx") X(MAXBATCH, "max_batch")          \
+  X(ALLOC, "alloc_check") X(PAD, "pad_bytes_per_block")                                                  \
+  X(TMED, "time_med_s") X(TMIN, "time_min_s") X(TMAX, "time_max_s") X(KVBYTES, "kv_bytes")               \
+  X(GBPS, "gbps") X(BW, "bw_gbps") X(BWRATIO, "bw_ratio") X(GFLOP, "gflop") X(GFLOPS, "gflops")          \
+  X(PEAK, "peak_gflops") X(FMARATIO, "fma_ratio") X(BOUND, "bound") X(ROOFRATIO, "roof_ratio")           \
+  X(BASET, "base_time_s") X(RATIO, "ratio") X(MAXABS, "max_abs_err") X(RELRMS, "rel_rms_err")            \
+  X(MAXABS64, "max_abs_err_fp64") X(RELRMS64, "rel_rms_err_fp64") X(MASS, "heavy_mass")                  \
+  X(NAME, "name") X(VALUE, "value") X(UNIT, "unit") X(EXPECTED, "expected") X(PASS, "pass")              \
+  X(WHERE, "where") X(NOTE, "note")
+
+#define X_ENUM(id, name) C_##id,
+#define X_NAME(id, name) name,
+enum { COLUMNS(X_ENUM) NCOL };
+static const char *col_name[NCOL] = {COLUMNS(X_NAME)};
+
+typedef struct {
+  unsigned char kind[NCOL]; /* 0 unset, 1 number, 2 string */
+  double num[NCOL];
+  char *str[NCOL];
+} row;
+
+typedef struct {
+  row *r;
+  int n, cap;
+} rows;
+
+enum { OUT_TABLE, OUT_CSV, OUT_JSON };
+static int g_fmt = OUT_TABLE, g_quiet = 0, g_json_rows = 0, g_failed = 0;
+static FILE *g_out;
+
+static row *rows_add(rows *t, const char *section) {
+  row *r;
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 64;
+    t->r = (row *)realloc(t->r, (size_t)t->cap * sizeof(row));
+    if (!t->r) exit(2);
+  }
+  r = &t->r[t->n++];
+  memset(r, 0, sizeof *r);
+  r->kind[C_SECTION] = 2;
+  r->str[C_SECTION] = xstrdup(section);
+  return r;
+}
+
+static void rows_free(rows *t) {
+  int i, c;
+  for (i = 0; i < t->n; i++)
+    for (c = 0; c < NCOL; c++) free(t->r[i].str[c]);
+  free(t->r);
+  memset(t, 0, sizeof *t);
+}
+
+static void rs(row *r, int c, const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  free(r->str[c]);
+  r->str[c] = xstrdup(buf);
+  r->kind[c] = 2;
+}
+static void rn(row *r, int c, double v) {
+  r->num[c] = v;
+  r->kind[c] = 1;
+}
+
+static void print_num(FILE *f, double v) {
+  if (v == floor(v) && fabs(v) < 9e15) fprintf(f, "%.0f", v);
+  else fprintf(f, "%.6g", v);
+}
+
+static void csv_header(void) {
+  int c;
+  for (c = 0; c < NCOL; c++) fprintf(g_out, "%s%s", c ? "," : "", col_name[c]);
+  fputc('\n', g_out);
+}
+
+static void csv_row(const row *r) {
+  int c;
+  for (c = 0; c < NCOL; c++) {
+    if (c) fputc(',', g_out);
+    if (r->kind[c] == 1) {
+      if (isfinite(r->num[c])) print_num(g_out, r->num[c]);
+    } else if (r->kind[c] == 2) {
+      const char *s = r->str[c];
+      if (strpbrk(s, ",\"\n")) {
+        fputc('"', g_out);
+        for (; *s; s++) {
+          if (*s == '"') fputc('"', g_out);
+          fputc(*s == '\n' ? ' ' : *s, g_out);
+        }
+        fputc('"', g_out);
+      } else fputs(s, g_out);
+    }
+  }
+  fputc('\n', g_out);
+}
+
+static void json_str(const char *s) {
+  fputc('"', g_out);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(g_out, "\\%c", ch);
+    else if (ch < 0x20) fprintf(g_out, "\\u%04x", ch);
+    else fputc(ch, g_out);
+  }
+  fputc('"', g_out);
+}
+
+static void json_row(const row *r) {
+  int c, first = 1;
+  fprintf(g_out, "%s\n  {", g_json_rows++ ? "," : "");
+  for (c = 0; c < NCOL; c++) {
+    if (!r->kind[c]) continue;
+    fprintf(g_out, "%s\"%s\": ", first ? "" : ", ", col_name[c]);
+    first = 0;
+    if (r->kind[c] == 2) json_str(r->str[c]);
+    else if (isfinite(r->num[c])) print_num(g_out, r->num[c]);
+    else fputs("null", g_out);
+  }
+  fputc('}', g_out);
+}
+
+/* Machine-readable output: every row. (Tables are printed by print_table.) */
+static void emit_rows(const rows *t) {
+  int i;
+  if (g_fmt == OUT_TABLE) return;
+  for (i = 0; i < t->n; i++) {
+    if (g_fmt == OUT_CSV) csv_row(&t->r[i]);
+    else json_row(&t->r[i]);
+  }
+  fflush(g_out);
+}
+
+/* Free text for the human table only. */
+static void text(const char *fmt, ...) {
+  va_list ap;
+  if (g_fmt != OUT_TABLE) return;
+  va_start(ap, fmt);
+  vfprintf(g_out, fmt, ap);
+  va_end(ap);
+}
+
+/* progress on stderr: one overwritten line on a terminal, plain lines otherwise */
+static void progress(const char *fmt, ...) {
+  va_list ap;
+  static int tty = -1;
+  if (g_quiet) return;
+  if (tty < 0) tty = isatty(2);
+  va_start(ap, fmt);
+  if (tty) fputs("\r\033[K", stderr);
+  fputs("[kvattn_bench] ", stderr);
+  vfprintf(stderr, fmt, ap);
+  if (!tty) fputc('\n', stderr);
+  va_end(ap);
+  fflush(stderr);
+}
+static void progress_end(void) {
+  if (!g_quiet && isatty(2)) fputs("\r\033[K", stderr);
+}
+
+enum { FM_STR, FM_INT, FM_SEP, FM_GB, FM_GIB, FM_MIB, FM_MS, FM_RANGE, FM_F1, FM_F2, FM_F3, FM_PCT, FM_X, FM_E, FM_TOK };
+
+typedef struct {
+  int col;
+  const char *head;
+  int fm;
+} vcol;
+
+static void fmt_ms(double s, char *b, size_t n) {
+  double ms = s * 1e3;
+  if (ms < 1) snprintf(b, n, "%.3f", ms);
+  else if (ms < 10) snprintf(b, n, "%.2f", ms);
+  else if (ms < 100) snprintf(b, n, "%.1f", ms);
+  else snprintf(b, n, "%.0f", ms);
+}
+
+static void fmt_cell(const row *r, const vcol *v, char *b, size_t n) {
+  double x = r->num[v->col];
+  b[0] = 0;
+  if (v->fm == FM_RANGE) {
+    char a[32], c[32];
+    if (r->kind[C_TMIN] != 1 || r->kind[C_TMAX] != 1) return;
+    fmt_ms(r->num[C_TMIN], a, sizeof a);
+    fmt_ms(r->num[C_TMAX], c, sizeof c);
+    snprintf(b, n, "%s-%s", a, c);
+    return;
+  }
+  if (r->kind[v->col] == 0) return;
+  if (r->kind[v->col] == 2) {
+    snprintf(b, n, "%s", r->str[v->col]);
+    return;
+  }
+  if (!isfinite(x)) {
+    snprintf(b, n, "-");
+    return;
+  }
+  switch (v->fm) {
+    case FM_INT: snprintf(b, n, "%.0f", x); break;
+    case FM_SEP: fmt_sep(x, b, n); break;
+    case FM_GB: snprintf(b, n, x >= 100e9 ? "%.1f" : "%.2f", x / 1e9); break;
+    case FM_GIB: snprintf(b, n, x >= 100.0 * GiB ? "%.1f" : "%.2f", x / GiB); break;
+    case FM_MIB: snprintf(b, n, "%.1f", x / MiB); break;
+    case FM_MS: fmt_ms(x, b, n); break;
+    case FM_F1: snprintf(b, n, "%.1f", x); break;
+    case FM_F2: snprintf(b, n, "%.2f", x); break;
+    case FM_F3: snprintf(b, n, "%.3f", x); break;
+    case FM_PCT: snprintf(b, n, x < 0.1 ? "%.2f%%" : "%.1f%%", 100 * x); break;
+    case FM_X: snprintf(b, n, "%.2f", x); break;
+    case FM_E: snprintf(b, n, "%.1e", x); break;
+    case FM_TOK:
+      if (x < 0) snprintf(b, n, "unbounded");
+      else fmt_sep(x, b, n);
+      break;
+    default: snprintf(b, n, "%g", x); break;
+  }
+}
+
+/* An aligned table; group_col >= 0: blank repeated values of that column and
+   put an empty line between groups. */
+static void print_table(const char *title, const vcol *v, int nv, const rows *t, int group_col) {
+  int w[64], i, j, k;
+  char cell[512];
+  if (g_fmt != OUT_TABLE || t->n == 0) return;
+  for (j = 0; j < nv; j++) w[j] = (int)strlen(v[j].head);
+  for (i = 0; i < t->n; i++)
+    for (j = 0; j < nv; j++) {
+      fmt_cell(&t->r[i], &v[j], cell, sizeof cell);
+      if ((int)strlen(cell) > w[j]) w[j] = (int)strlen(cell);
+    }
+  fprintf(g_out, "\n%s\n", title);
+  for (j = 0; j < nv; j++) {
+    int left = v[j].fm == FM_STR;
+    fprintf(g_out, "%s%*s", j ? "  " : "", left ? -w[j] : w[j], v[j].head);
+  }
+  fputc('\n', g_out);
+  for (j = 0; j < nv; j++) {
+    fputs(j ? "  " : "", g_out);
+    for (k = 0; k < w[j]; k++) fputc('-', g_out);
+  }
+  fputc('\n', g_out);
+  for (i = 0; i < t->n; i++) {
+    const row *r = &t->r[i];
+    int same = 0;
+    if (group_col >= 0 && i > 0 && r->kind[group_col] == 2 && t->r[i - 1].kind[group_col] == 2)
+      same = strcmp(r->str[group_col], t->r[i - 1].str[group_col]) == 0;
+    if (group_col >= 0 && i > 0 && !same) fputc('\n', g_out);
+    for (j = 0; j < nv; j++) {
+      int left = v[j].fm == FM_STR;
+      if (same && v[j].col == group_col) cell[0] = 0;
+      else fmt_cell(r, &v[j], cell, sizeof cell);
+      if (j == nv - 1 && left) fprintf(g_out, "%s%s", j ? "  " : "", cell);
+      else fprintf(g_out, "%s%*s", j ? "  " : "", left ? -w[j] : w[j], cell);
+    }
+    fputc('\n', g_out);
+  }
+  fflush(g_out);
+}
+
+#define NV(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* =====================================================================
+   options
+   ===================================================================== */
+
+enum { V_MHA, V_GQA, V_MQA, V_MLA, NVARIANT };
+static const char *variant_name[NVARIANT] = {"MHA", "GQA", "MQA", "MLA"};
+
+typedef struct {
+  char name[48];
+  int L, H, G, D; /* G 0: the model has no GQA (MLA models) */
+  int window;     /* sliding window: the cache holds at most this many tokens */
+  int latent, rope; /* MLA dims; 0 => DeepSeek's ratios 4*D, D/2 */
+  int native;     /* the model's own variant */
+} model;
+
+static const model presets[] = {
+    {"Llama-2-7B", 32, 32, 32, 128, 0, 0, 0, V_MHA},
+    {"Llama-2-70B", 80, 64, 8, 128, 0, 0, 0, V_GQA},
+    {"Llama-3-8B", 32, 32, 8, 128, 0, 0, 0, V_GQA},
+    {"Llama-3-70B", 80, 64, 8, 128, 0, 0, 0, V_GQA},
+    {"Mistral-7B", 32, 32, 8, 128, 4096, 0, 0, V_GQA},
+    {"DeepSeek-V2", 60, 128, 0, 128, 0, 512, 64, V_MLA},
+    {"DeepSeek-V3", 61, 128, 0, 128, 0, 512, 64, V_MLA},
+};
+#define NPRESET NV(presets)
+
+#define MAXL 16
+typedef struct {
+  const char *cmd;
+  int quick, reps, reps_set;
+  long ctx[MAXL];
+  int n_ctx;
+  long batch;
+  double mem;
+  kva_dtype dtypes[MAXL];
+  int n_dtypes;
+  int variants[NVARIANT], n_variants;
+  int H, G, D;
+  long threads[MAXL];
+  int n_threads;
+  int cold, warm, modes_set;
+  long bs[MAXL];
+  int n_bs;
+  model models[32];
+  int n_models;
+  double bw_bytes, flush_bytes;
+  int prefill, prefill_nq, prefill_ctx, prefill_set;
+  int trials;
+  const char *out_dir;
+  uint64_t seed;
+} opts;
+
+/* =====================================================================
+   the machine: streaming read bandwidth and FP32 FMA peak
+   ===================================================================== */
+
+/* sum of n floats (n a multiple of 64, p 64-byte aligned) */
+static float sum_stream(const float *p, size_t n) {
+  size_t i;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (i = 0; i < n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  float t[8];
+  int k;
+  for (i = 0; i < n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (k = 1; k < 8; k++) t[0] += t[k];
+  return t[0];
+#else
+  float s[8] = {0};
+  int k;
+  for (i = 0; i < n; i += 8)
+    for (k = 0; k < 8; k++) s[k] += p[i + k];
+  for (k = 1; k < 8; k++) s[0] += s[k];
+  return s[0];
+#endif
+}
+
+static volatile float g_sink;
+
+/* Sum the buffer with nt threads; returns seconds. */
+static double timed_sum(const float *buf, size_t n, int nt) {
+  double t0 = now_s(), s = 0;
+  if (nt <= 1) s = sum_stream(buf, n);
+  else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) reduction(+ : s)
+    {
+      int id = omp_get_thread_num(), m = omp_get_num_threads();
+      size_t chunk = (n / 64 / (size_t)m) * 64, lo = chunk * (size_t)id, hi = id == m - 1 ? n : lo + chunk;
+      s += sum_stream(buf + lo, hi - lo);
+    }
+#else
+    s = sum_stream(buf, n);
+#endif
+  }
+  g_sink = (float)s;
+  return now_s() - t0;
+}
+
+static float *g_flush;
+static size_t g_flush_n;
+
+/* Evict the caches: read a buffer far larger than the LLC with every thread (each
+   core's private L2 is emptied too). KV data is only read by attention, so its
+   lines are clean and reading is enough to evict them. */
+static void flush_caches(void) {
+  if (g_flush) timed_sum(g_flush, g_flush_n, max_threads());
+}
+
+/* FP32 FMA peak: independent accumulators in registers, 2 flop per FMA lane. */
+#define FMA_ACC 12
+#if defined(__AVX512F__)
+static double fma_loop_avx512(long iters) {
+  __m512 a[FMA_ACC];
+  const __m512 m = _mm512_set1_ps(0.99999994f), c = _mm512_set1_ps(1e-7f);
+  long i;
+  int k;
+  for (k = 0; k < FMA_ACC; k++) a[k] = _mm512_set1_ps(1.0f + (float)k * 1e-3f);
+  for (i = 0; i < iters; i++) {
+    a[0] = _mm512_fmadd_ps(a[0], m, c); a[1] = _mm512_fmadd_ps(a[1], m, c);
+    a[2] = _mm512_fmadd_ps(a[2], m, c); a[3] = _mm512_fmadd_ps(a[3], m, c);
+    a[4] = _mm512_fmadd_ps(a[4], m, c); a[5] = _mm512_fmadd_ps(a[5], m, c);
+    a[6] = _mm512_fmadd_ps(a[6], m, c); a[7] = _mm512_fmadd_ps(a[7], m, c);
+    a[8] = _mm512_fmadd_ps(a[8], m, c); a[9] = _mm512_fmadd_ps(a[9], m, c);
+    a[10] = _mm512_fmadd_ps(a[10], m, c); a[11] = _mm512_fmadd_ps(a[11], m, c);
+  }
+  for (k = 1; k < FMA_ACC; k++) a[0] = _mm512_add_ps(a[0], a[k]);
+  g_sink = _mm512_reduce_add_ps(a[0]);
+  return (double)iters * FMA_ACC * 16 * 2;
+}
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+static double fma_loop_avx2(long iters) {
+  __m256 a[FMA_ACC];
+  const __m256 m = _mm256_set1_ps(0.99999994f), c = _mm256_set1_ps(1e-7f);
+  float t[8];
+  long i;
+  int k;
+  for (k = 0; k < FMA_ACC; k++) a[k] = _mm256_set1_ps(1.0f + (float)k * 1e-3f);
+  for (i = 0; i < iters; i++) {
+    a[0] = _mm256_fmadd_ps(a[0], m, c); a[1] = _mm256_fmadd_ps(a[1], m, c);
+    a[2] = _mm256_fmadd_ps(a[2], m, c); a[3] = _mm256_fmadd_ps(a[3], m, c);
+    a[4] = _mm256_fmadd_ps(a[4], m, c); a[5] = _mm256_fmadd_ps(a[5], m, c);
+    a[6] = _mm256_fmadd_ps(a[6], m, c); a[7] = _mm256_fmadd_ps(a[7], m, c);
+    a[8] = _mm256_fmadd_ps(a[8], m, c); a[9] = _mm256_fmadd_ps(a[9], m, c);
+    a[10] = _mm256_fmadd_ps(a[10], m, c); a[11] = _mm256_fmadd_ps(a[11], m, c);
+  }
+  for (k = 1; k < FMA_ACC; k++) a[0] = _mm256_add_ps(a[0], a[k]);
+  _mm256_storeu_ps(t, a[0]);
+  g_sink = t[0] + t[7];
+  return (double)iters * FMA_ACC * 8 * 2;
+}
+#endif
+/* scalar: multiply and add (2 flop); with -std=c99 GCC does not contract them */
+static double fma_loop_scalar(long iters) {
+  float a[8];
+  const float m = 0.99999994f, c = 1e-7f;
+  long i;
+  int k;
+  for (k = 0; k < 8; k++) a[k] = 1.0f + (float)k * 1e-3f;
+  for (i = 0; i < iters; i++)
+    for (k = 0; k < 8; k++) a[k] = a[k] * m + c;
+  g_sink = a[0] + a[7];
+  return (double)iters * 8 * 2;
+}
+
+enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, NISA };
+static const char *isa_name[NISA] = {"scalar", "avx2", "avx512"};
+
+static int isa_available(int isa) {
+  switch (isa) {
+#if defined(__AVX512F__)
+    case ISA_AVX512: return 1;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case ISA_AVX2: return 1;
+#endif
+    case ISA_SCALAR: return 1;
+    default: return 0;
+  }
+}
+
+static double fma_run(int isa, long iters) {
+  switch (isa) {
+#if defined(__AVX512F__)
+    case ISA_AVX512: return fma_loop_avx512(iters);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case ISA_AVX2: return fma_loop_avx2(iters);
+#endif
+    default: return fma_loop_scalar(iters);
+  }
+}
+
+/* GFLOP/s of nt threads each running the loop; best of 3. */
+static double fma_peak(int isa, int nt, long iters) {
+  double best = 0;
+  int rep;
+  for (rep = 0; rep < 4; rep++) { /* rep 0 warms up (threads, clocks) */
+    double t0 = now_s(), fl = 0, t;
+    if (nt <= 1) fl = fma_run(isa, iters);
+    else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) reduction(+ : fl)
+      fl += fma_run(isa, iters);
+#else
+      fl = fma_run(isa, iters);
+#endif
+    }
+    t = now_s() - t0;
+    if (rep > 0 && fl / t / 1e9 > best) best = fl / t / 1e9;
+  }
+  return best;
+}
+
+/* The library's kernel ISA, as far as its FMA peak goes. */
+static int lib_isa(void) {
+  const char *s = kva_simd_name();
+  if (strstr(s, "512")) return ISA_AVX512;
+  if (strstr(s, "avx2")) return ISA_AVX2;
+  return ISA_SCALAR; /* scalar, neon (no neon here: x86 bench measures what it can) */
+}
+
+typedef struct {
+  int nt;
+  double bw_best, bw_med;      /* GB/s */
+  double fma[NISA];            /* GFLOP/s, 0 if the ISA is not compiled in */
+} roof;
+
+typedef struct {
+  roof r[MAXL + 2];
+  int n;
+  int isa;                     /* the library's */
+  double bw_bytes;
+} machine;
+
+static const roof *roof_for(const machine *m, int nt) {
+  int i;
+  for (i = 0; i < m->n; i++)
+    if (m->r[i].nt == nt) return &m->r[i];
+  return &m->r[0];
+}
+
+static void machine_measure(machine *m, const opts *o, const long *thr, int n_thr) {
+  int counts[MAXL + 2], nc = 0, i, j, isa, passes = o->quick ? 3 : 5;
+  size_t n = (size_t)(o->bw_bytes / sizeof(float)) / 64 * 64;
+  long iters = o->quick ? 4000000L : 20000000L;
+  float *buf;
+  rows t = {0};
+  memset(m, 0, sizeof *m);
+  m->isa = lib_isa();
+  m->bw_bytes = (double)n * sizeof(float);
+  counts[nc++] = 1;
+  if (max_threads() > 1) counts[nc++] = max_threads();
+  for (i = 0; i < n_thr; i++) {
+    int seen = 0;
+    for (j = 0; j < nc; j++) seen |= counts[j] == (int)thr[i];
+    if (!seen && nc < MAXL + 2) counts[nc++] = (int)thr[i];
+  }
+  progress("machine: touching a %.0f MiB buffer", (double)n * 4 / MiB);
+  buf = (float *)xalloc(n * sizeof(float));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+  for (i = 0; i < (int)(n / 4096); i++) {
+    size_t k;
+    for (k = 0; k < 4096; k++) buf[(size_t)i * 4096 + k] = (float)(k & 7) * 0.125f;
+  }
+  for (i = 0; i < nc; i++) {
+    roof *r = &m->r[m->n++];
+    double ts[16];
+    int p;
+    r->nt = counts[i];
+    progress("machine: read bandwidth, %d thread(s)", r->nt);
+    timed_sum(buf, n, r->nt); /* warm-up */
+    for (p = 0; p < passes; p++) ts[p] = timed_sum(buf, n, r->nt);
+    qsort(ts, (size_t)passes, sizeof ts[0], cmp_double);
+    r->bw_best = (double)n * 4 / ts[0] / 1e9;
+    r->bw_med = (double)n * 4 / ts[passes / 2] / 1e9;
+    for (isa = 0; isa < NISA; isa++) {
+      if (!isa_available(isa)) continue;
+      if (isa == ISA_SCALAR && m->isa != ISA_SCALAR) continue; /* only when the library is scalar */
+      progress("machine: FMA peak %s, %d thread(s)", isa_name[isa], r->nt);
+      r->fma[isa] = fma_peak(isa, r->nt, isa == ISA_SCALAR ? iters / 4 : iters);
+    }
+  }
+  free(buf);
+  progress_end();
+
+  for (i = 0; i < m->n; i++) {
+    const roof *r = &m->r[i];
+    row *w = rows_add(&t, "machine");
+    rs(w, C_NAME, "read bandwidth");
+    rn(w, C_THREADS, r->nt);
+    rn(w, C_VALUE, r->bw_best);
+    rs(w, C_UNIT, "GB/s");
+    rs(w, C_NOTE, "streaming sum over %.0f MiB, best of %d (median %.1f GB/s)", m->bw_bytes / MiB, passes,
+       r->bw_med);
+    for (isa = NISA - 1; isa >= 0; isa--) {
+      if (r->fma[isa] <= 0) continue;
+      w = rows_add(&t, "machine");
+      rs(w, C_NAME, "fp32 FMA peak %s", isa_name[isa]);
+      rn(w, C_THREADS, r->nt);
+      rn(w, C_VALUE, r->fma[isa]);
+      rs(w, C_UNIT, "GFLOP/s");
+      rs(w, C_NOTE, "%d independent register accumulators%s", FMA_ACC,
+         isa == m->isa ? "; the library's ISA: ratios use this one" : "");
+    }
+  }
+  {
+    /* other work on the machine skews every timing: say so */
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l1 = -1;
+    if (f) {
+      if (fscanf(f, "%lf", &l1) != 1) l1 = -1;
+      fclose(f);
+    }
+    if (l1 >= 0) {
+      row *w = rows_add(&t, "machine");
+      rs(w, C_NAME, "load average (1 min)");
+      rn(w, C_VALUE, l1);
+      rs(w, C_NOTE, l1 > 0.5 ? "WARNING: other processes are running; timings are unreliable" : "quiet");
+      if (l1 > 0.5) fprintf(stderr, "kvattn_bench: load average %.2f: other processes skew the timings\n", l1);
+    }
+  }
+  {
+    row *w = rows_add(&t, "machine");
+    rs(w, C_NAME, "kvattn");
+    rs(w, C_VALUE, "%s", KVATTN_VERSION_STRING);
+    rs(w, C_NOTE, "kernels: %s; OpenMP threads available: %d", kva_simd_name(), max_threads());
+  }
+  {
+    static const vcol v[] = {{C_NAME, "machine", FM_STR}, {C_THREADS, "threads", FM_INT},
+                             {C_VALUE, "value", FM_F1}, {C_UNIT, "unit", FM_STR}, {C_NOTE, "how", FM_STR}};
+    print_table("This machine, measured in this run", v, NV(v), &t, -1);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
+/* =====================================================================
+   memory
+   ===================================================================== */
+
+/* the cache description of one variant of a model */
+static kva_cache_desc variant_desc(const model *mo, int var, kva_dtype dt, int n_layers) {
+  kva_cache_desc d;
+  memset(&d, 0, sizeof d);
+  d.n_layers = n_layers;
+  d.dtype = dt;
+  d.k_scale = d.v_scale = 1.0f; /* FP8 needs a stated scale; 1.0 here (bytes do not depend on it) */
+  switch (var) {
+    case V_MHA: d.n_kv_heads = mo->H; d.head_dim = mo->D; break;
+    case V_GQA: d.n_kv_heads = mo->G ? mo->G : 8; d.head_dim = mo->D; break;
+    case V_MQA: d.n_kv_heads = 1; d.head_dim = mo->D; break;
+    default: {
+      int lat = mo->latent ? mo->latent : 4 * mo->D, rope = mo->latent ? mo->rope : mo->D / 2;
+      d.kind = KVA_CACHE_LATENT;
+      d.n_kv_heads = 1;
+      d.head_dim = lat + rope;
+      d.v_dim = lat;
+    }
+  }
+  return d;
+}
+
+typedef struct {
+  size_t block_bytes_full; /* one block of the whole model, as the allocator lays it out */
+  size_t pad;              /* per layer block */
+  int supported;
+  char msg[96];
+} alloc_check;
+
+/* Allocate a small real cache (2 layers, 4 blocks of 16) and compare. */
+static alloc_check check_alloc(const model *mo, int var, kva_dtype dt, size_t bpt_layer) {
+  alloc_check r;
+  kva_cache_desc d;
+  kva_cache *c = NULL;
+  kva_cache_stats s;
+  kva_status st;
+  int nl = mo->L < 2 ? mo->L : 2, bs = 16, seq = 0;
+  memset(&r, 0, sizeof r);
+  d = variant_desc(mo, var, dt, nl);
+  d.block_size = bs;
+  d.n_blocks = 4;
+  d.max_seqs = 1;
+  st = kva_cache_create(&d, &c);
+  if (st == KVA_ERR_UNSUPPORTED) {
+    snprintf(r.msg, sizeof r.msg, "n/a (not yet)");
+    r.block_bytes_full = (size_t)mo->L * ((bpt_layer * (size_t)bs + 63) / 64 * 64);
+    return r;
+  }
+  if (st != KVA_OK) {
+    snprintf(r.msg, sizeof r.msg, "ERROR create: %s", kva_status_str(st));
+    g_failed = 1;
+    return r;
+  }
+  r.supported = 1;
+  kva_cache_get_stats(c, &s);
+  {
+    size_t want = bpt_layer * (size_t)nl * (size_t)bs;
+    size_t per_layer = s.block_bytes / (size_t)nl;
+    int ok = s.block_bytes >= want && s.block_bytes - want < (size_t)64 * (size_t)nl &&
+             s.block_bytes % (size_t)nl == 0 && s.bytes_total == 4 * s.block_bytes;
+    kva_status a1 = kva_seq_new(c, &seq), a2 = kva_seq_append(c, seq, 4 * bs), a3 = kva_seq_append(c, seq, 1);
+    if (a1 != KVA_OK || a2 != KVA_OK || a3 != KVA_ERR_FULL) ok = 0;
+    r.pad = per_layer - bpt_layer * (size_t)bs;
+    r.block_bytes_full = per_layer * (size_t)mo->L;
+    if (!ok) {
+      snprintf(r.msg, sizeof r.msg, "MISMATCH block %zu B, want %zu B", s.block_bytes, want);
+      g_failed = 1;
+    } else if (r.pad) snprintf(r.msg, sizeof r.msg, "ok, pad %zu B/block/layer", r.pad);
+    else snprintf(r.msg, sizeof r.msg, "ok");
+  }
+  kva_cache_destroy(c);
+  return r;
+}
+
+static size_t bpt_of(const model *mo, int var, kva_dtype dt, int n_layers) {
+  kva_cache_desc d = variant_desc(mo, var, dt, n_layers);
+  return kva_cache_bytes_per_token(&d);
+}
+
+static void fmt_bytes_h(double b, char *buf, size_t n) {
+  if (b >= 1e9) snprintf(buf, n, "%.2f GB (%.2f GiB)", b / 1e9, b / GiB);
+  else if (b >= 1e6) snprintf(buf, n, "%.2f MB (%.2f MiB)", b / 1e6, b / MiB);
+  else fmt_sep(b, buf, n);
+}
+
+static void check_row(rows *t, const char *name, double expected, double got, const char *note) {
+  row *w = rows_add(t, "check");
+  int pass = fabs(expected - got) <= 1e-9 * fabs(expected) + 1e-12;
+  rs(w, C_NAME, "%s", name);
+  rn(w, C_EXPECTED, expected);
+  rn(w, C_VALUE, got);
+  rs(w, C_PASS, pass ? "PASS" : "FAIL");
+  if (note) rs(w, C_NOTE, "%s", note);
+  if (!pass) g_failed = 1;
+}
+
+static const model *preset(const char *name) {
+  int i;
+  for (i = 0; i < NPRESET; i++)
+    if (!strcmp(presets[i].name, name)) return &presets[i];
+  return NULL;
+}
+
+/* FACTS.md figures, recomputed with the library. */
+static void memory_checks(void) {
+  rows t = {0};
+  char note[160];
+  const model *l70 = preset("Llama-3-70B"), *v2 = preset("DeepSeek-V2"), *v3 = preset("DeepSeek-V3");
+  double b70 = (double)bpt_of(l70, V_GQA, KVA_F16, l70->L), mla = (double)bpt_of(v2, V_MLA, KVA_F16, 1),
+         mha = (double)bpt_of(v2, V_MHA, KVA_F16, 1);
+  check_row(&t, "Llama-2-7B MHA f16 bytes/token", 524288, (double)bpt_of(preset("Llama-2-7B"), V_MHA, KVA_F16, 32), NULL);
+  check_row(&t, "Llama-2-70B GQA f16 bytes/token", 327680, (double)bpt_of(preset("Llama-2-70B"), V_GQA, KVA_F16, 80), NULL);
+  check_row(&t, "Llama-3-8B GQA f16 bytes/token", 131072, (double)bpt_of(preset("Llama-3-8B"), V_GQA, KVA_F16, 32), NULL);
+  check_row(&t, "Llama-3-70B GQA f16 bytes/token", 327680, b70, NULL);
+  fmt_bytes_h(b70 * 131072, note, sizeof note);
+  check_row(&t, "Llama-3-70B GQA f16 bytes at 131,072 tokens", 42949672960.0, b70 * 131072, note);
+  check_row(&t, "Mistral-7B GQA f16 bytes/token", 131072, (double)bpt_of(preset("Mistral-7B"), V_GQA, KVA_F16, 32),
+            "capped at 4096 tokens by the window");
+  check_row(&t, "DeepSeek-V2 MLA f16 bytes/token", 69120, (double)bpt_of(v2, V_MLA, KVA_F16, v2->L), NULL);
+  check_row(&t, "DeepSeek-V3 MLA f16 bytes/token", 70272, (double)bpt_of(v3, V_MLA, KVA_F16, v3->L), NULL);
+  check_row(&t, "Llama-3-70B MHA values/token/layer", 16384, (double)bpt_of(l70, V_MHA, KVA_F32, 1) / 4, "32 KiB in f16");
+  check_row(&t, "Llama-3-70B GQA values/token/layer", 2048, (double)bpt_of(l70, V_GQA, KVA_F32, 1) / 4, NULL);
+  check_row(&t, "MLA values/token/layer (512 + 64)", 576, mla / 2, NULL);
+  snprintf(note, sizeof note, "MLA/MHA = %.2f%%, %.1fx smaller (same 128 heads of 128)", 100 * mla / mha, mha / mla);
+  check_row(&t, "MLA vs MHA, same heads: 1.76% (x1e4, rounded)", 176, floor(1e4 * mla / mha + 0.5), note);
+  {
+    static const vcol v[] = {{C_NAME, "FACTS.md check", FM_STR}, {C_EXPECTED, "expected", FM_SEP},
+                             {C_VALUE, "kvattn", FM_SEP}, {C_PASS, "", FM_STR}, {C_NOTE, "note", FM_STR}};
+    print_table("Checks against FACTS.md (computed with kva_cache_bytes_per_token)", v, NV(v), &t, -1);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
+/* The seed write-up's MHA/MQA/GQA/MLA comparison table and memory figures, corrected. */
+static void memory_seed(void) {
+  rows t = {0};
+  char a[128], b[128];
+  const model *l70 = preset("Llama-3-70B"), *v2 = preset("DeepSeek-V2");
+  model l2mha = *preset("Llama-2-70B");
+  double mha = (double)bpt_of(l70, V_MHA, KVA_F16, 1), mqa = (double)bpt_of(l70, V_MQA, KVA_F16, 1),
+         gqa = (double)bpt_of(l70, V_GQA, KVA_F16, 1), mla = (double)bpt_of(l70, V_MLA, KVA_F16, 1),
+         dmha = (double)bpt_of(v2, V_MHA, KVA_F16, 1), dmla = (double)bpt_of(v2, V_MLA, KVA_F16, 1),
+         l2 = (double)bpt_of(&l2mha, V_MHA, KVA_F16, l2mha.L) * 4096,
+         r70 = (double)bpt_of(l70, V_GQA, KVA_F16, l70->L) * 131072,
+         i8 = (double)bpt_of(l70, V_GQA, KVA_INT8, 1);
+  row *w;
+#define SEED(where_, item, seed, verdict)                                                              \
+  w = rows_add(&t, "seed");                                                                            \
+  rs(w, C_WHERE, "%s", where_);                                                                        \
+  rs(w, C_NAME, "%s", item);                                                                           \
+  rs(w, C_EXPECTED, "%s", seed);                                                                       \
+  rs(w, C_PASS, "%s", verdict)
+
+  fmt_bytes_h(l2, a, sizeof a);
+  SEED("l.97", "Llama-2-70B if MHA (64 KV heads), 4,096 tokens, f16", "10.7 GB", "right");
+  rs(w, C_VALUE, "%s", a);
+  fmt_bytes_h(l2 * 32, a, sizeof a);
+  SEED("l.99", "the same, batch 32", "342.4 GB", "rounding");
+  rs(w, C_VALUE, "%s", a);
+  rs(w, C_NOTE, "10.7 x 32; exactly 320 GiB");
+  SEED("l.326", "Llama-3-70B MHA (H=64), per token per layer", "16,384B", "WRONG");
+  fmt_sep(mha, b, sizeof b);
+  rs(w, C_VALUE, "16,384 values = %s B f16", b);
+  rs(w, C_NOTE, "the seed counts values, not bytes");
+  SEED("l.326", "Llama-3-70B MQA, per token per layer", "256B", "WRONG");
+  rs(w, C_VALUE, "256 values = %.0f B f16", mqa);
+  rs(w, C_NOTE, "values, not bytes");
+  SEED("l.326", "Llama-3-70B GQA G=8, per token per layer", "2,048B", "WRONG");
+  fmt_sep(gqa, b, sizeof b);
+  rs(w, C_VALUE, "2,048 values = %s B f16", b);
+  rs(w, C_NOTE, "values, not bytes");
+  SEED("l.326", "Llama-3-70B MLA (latent 4D=512 + rope D/2=64)", "-", "missing");
+  fmt_sep(mla, b, sizeof b);
+  rs(w, C_VALUE, "576 values = %s B f16", b);
+  SEED("l.327", "DeepSeek-V2 MHA (128 heads x 128), per token per layer", "163,840B", "WRONG");
+  fmt_sep(dmha, b, sizeof b);
+  rs(w, C_VALUE, "32,768 values = %s B f16", b);
+  SEED("l.327", "DeepSeek-V2 MLA, per token per layer", "~4,608B", "WRONG");
+  fmt_sep(dmla, b, sizeof b);
+  rs(w, C_VALUE, "576 values = %s B f16", b);
+  rs(w, C_NOTE, "4x too large");
+  SEED("l.324", "per token per layer, in values: 2Hd_k, 2d_k, 2Gd_k, d_latent+d_rope", "(as stated)", "right");
+  rs(w, C_VALUE, "the same; x2 for bytes in f16");
+  rs(w, C_NOTE, "its example rows below forgot the x2");
+  SEED("l.325", "MLA cache relative to MHA", "d_latent/(2*H*d_k)", "WRONG");
+  rs(w, C_VALUE, "(d_latent+d_rope)/(2*H*d_k) = 576/32,768 = %.2f%%", 100 * dmla / dmha);
+  rs(w, C_NOTE, "%.1fx smaller; the seed drops the shared rope key", dmha / dmla);
+  SEED("l.318", "DeepSeek-V2 MLA saving vs MHA", "~93.7%", "WRONG");
+  rs(w, C_VALUE, "%.2f%% smaller than MHA with the same heads", 100 * (1 - dmla / dmha));
+  rs(w, C_NOTE, "DeepSeek's 93.3%% is against DeepSeek 67B and includes KV quantization: not MLA's ratio");
+  fmt_bytes_h(r70, a, sizeof a);
+  SEED("l.568", "Llama-3-70B GQA, one 128K (131,072) request, f16", "~33.5 GB", "WRONG");
+  rs(w, C_VALUE, "%s", a);
+  rs(w, C_NOTE, "2 x 80 x 8 x 131,072 x 128 x 2 B");
+  fmt_bytes_h(r70 * 4, a, sizeof a);
+  SEED("l.569", "the same, batch 4", "~134 GB", "WRONG");
+  rs(w, C_VALUE, "%s", a);
+  snprintf(b, sizeof b, "~%.0f GB", 140 + r70 * 4 / 1e9);
+  SEED("l.570", "with ~140 GB of f16 weights", "~274 GB", "WRONG");
+  rs(w, C_VALUE, "%s", b);
+  rs(w, C_NOTE, "140 GB + 4 x 42.95 GB, before activations");
+  SEED("l.342", "INT8 instead of f16 saves", "50%", "about");
+  rs(w, C_VALUE, "%.1f%% (%.0f vs %.0f B per token per layer)", 100 * (1 - i8 / gqa), i8, gqa);
+  rs(w, C_NOTE, "kvattn keeps one fp32 scale per token per KV head, separately for K and V");
+  SEED("l.145", "MQA cache relative to MHA", "1/H", "right");
+  rs(w, C_VALUE, "1/%d = %.2f%% for H=64", l70->H, 100 * mqa / mha);
+#undef SEED
+  {
+    static const vcol v[] = {{C_WHERE, "seed", FM_STR}, {C_NAME, "figure", FM_STR},
+                             {C_EXPECTED, "seed says", FM_STR}, {C_VALUE, "correct (kvattn)", FM_STR},
+                             {C_PASS, "verdict", FM_STR}, {C_NOTE, "note", FM_STR}};
+    print_table("The seed write-up's comparison table and memory figures, corrected "
+                "(seed/kv-cache-optimization.txt, its line numbers)",
+                v, NV(v), &t, -1);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
+static const kva_dtype all_dtypes[] = {KVA_F16, KVA_BF16, KVA_F32, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
+
+/* KV memory per sequence against context (for plot.gp; a small pivot in the table). */
+static void memory_curve(const opts *o) {
+  rows t = {0};
+  const model *ms[2];
+  int vars_for[2] = {NVARIANT, 1};
+  int mi, vi, di, k;
+  ms[0] = preset("Llama-3-70B");
+  ms[1] = preset("Mistral-7B");
+  for (mi = 0; mi < 2; mi++)
+    for (vi = 0; vi < vars_for[mi]; vi++) {
+      int var = mi == 0 ? vi : V_GQA;
+      for (di = 0; di < NV(all_dtypes); di++) {
+        size_t bpt = bpt_of(ms[mi], var, all_dtypes[di], ms[mi]->L);
+        for (k = 10; k <= 20; k++) {
+          long ctx = 1L << k, held = ms[mi]->window && ctx > ms[mi]->window ? ms[mi]->window : ctx;
+          row *w = rows_add(&t, "memcurve");
+          rs(w, C_MODEL, "%s", ms[mi]->name);
+          rs(w, C_VARIANT, "%s", variant_name[var]);
+          rs(w, C_DTYPE, "%s", dtype_str(all_dtypes[di]));
+          rn(w, C_CTX, (double)ctx);
+          rn(w, C_BPT, (double)bpt);
+          rn(w, C_BYTESCTX, (double)bpt * (double)held);
+          rn(w, C_MEM, o->mem);
+          if (ms[mi]->window) rn(w, C_WINDOW, ms[mi]->window);
+        }
+      }
+    }
+  if (g_fmt == OUT_TABLE && strcmp(o->cmd, "memory") == 0) {
+    /* pivot: rows = series, columns = context; f16 variants and the GQA dtypes */
+    int i;
+    text("\nKV cache per sequence (GiB) against context: Llama-3-70B variants (f16 and the GQA dtypes),\n"
+         "Mistral-7B GQA f16 (capped by its 4096-token window)\n");
+    text("%-26s", "series");
+    for (k = 10; k <= 20; k++) text(" %7ldK", (1L << k) / 1024);
+    text("\n");
+    for (i = 0; i < t.n; i += 11) {
+      const row *r = &t.r[i];
+      char name[64];
+      int show = (!strcmp(r->str[C_DTYPE], "f16")) ||
+                 (!strcmp(r->str[C_MODEL], "Llama-3-70B") && !strcmp(r->str[C_VARIANT], "GQA"));
+      if (!show) continue;
+      snprintf(name, sizeof name, "%s %s %s", r->str[C_MODEL], r->str[C_VARIANT], r->str[C_DTYPE]);
+      text("%-26s", name);
+      for (k = 0; k < 11; k++) {
+        double g = t.r[i + k].num[C_BYTESCTX] / GiB;
+        text(g < 10 ? " %8.3f" : g < 100 ? " %8.2f" : " %8.1f", g);
+      }
+      text("\n");
+    }
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
+static void cmd_memory(const opts *o) {
+  int mi, vi, di, ci;
+  rows t = {0};
+  char note[160];
+  for (ci = 0; ci < o->n_ctx; ci++) {
+    long ctx = o->ctx[ci];
+    for (mi = 0; mi < o->n_models; mi++) {
+      const model *mo = &o->models[mi];
+      size_t mha_bpt[8];
+      for (di = 0; di < o->n_dtypes; di++) mha_bpt[di] = bpt_of(mo, V_MHA, o->dtypes[di], mo->L);
+      for (vi = 0; vi < o->n_variants; vi++) {
+        int var = o->variants[vi];
+        if (var == V_GQA && mo->G && (mo->G == mo->H || mo->G == 1)) continue; /* same as MHA / MQA */
+        for (di = 0; di < o->n_dtypes; di++) {
+          kva_dtype dt = o->dtypes[di];
+          size_t bptl = bpt_of(mo, var, dt, 1), bpt = bpt_of(mo, var, dt, mo->L);
+          kva_cache_desc d = variant_desc(mo, var, dt, 1);
+          alloc_check ac = check_alloc(mo, var, dt, bptl);
+          long held = mo->window && ctx > mo->window ? mo->window : ctx;
+          double nblocks = floor(o->mem / (double)ac.block_bytes_full), per_seq_blocks;
+          row *w = rows_add(&t, "memory");
+          rs(w, C_MODEL, "%s", mo->name);
+          rs(w, C_VARIANT, "%s%s", variant_name[var], var == mo->native ? "*" : "");
+          rs(w, C_DTYPE, "%s", dtype_str(dt));
+          rn(w, C_LAYERS, mo->L);
+          rn(w, C_HEADS, mo->H);
+          rn(w, C_KVHEADS, d.n_kv_heads);
+          rn(w, C_HEADDIM, d.head_dim);
+          rn(w, C_VDIM, d.v_dim ? d.v_dim : d.head_dim);
+          if (mo->window) rn(w, C_WINDOW, mo->window);
+          rn(w, C_CTX, (double)ctx);
+          rn(w, C_BATCH, (double)o->batch);
+          rn(w, C_BPTL, (double)bptl);
+          rn(w, C_BPT, (double)bpt);
+          rn(w, C_VSMHA, (double)bpt / (double)mha_bpt[di]);
+          rn(w, C_BYTESCTX, (double)bpt * (double)held * (double)o->batch);
+          rn(w, C_MEM, o->mem);
+          /* what fits: the pool the allocator would make of --mem (n_blocks = mem / block bytes) */
+          if (mo->window && (double)o->batch * ceil((double)mo->window / 16) <= nblocks)
+            rn(w, C_MAXCTX, -1); /* the window caps what a sequence holds */
+          else rn(w, C_MAXCTX, floor(nblocks / (double)o->batch) * 16);
+          per_seq_blocks = ceil((double)held / 16);
+          rn(w, C_MAXBATCH, floor(nblocks / per_seq_blocks));
+          rs(w, C_ALLOC, "%s", ac.msg);
+          if (ac.supported) rn(w, C_PAD, (double)ac.pad);
+          note[0] = 0;
+          if (mo->window && ctx > mo->window)
+            snprintf(note, sizeof note, "window %d: holds %d tokens (needs KVA_EVICT_WINDOW; else %.2f GB)", mo->window,
+                     mo->window, (double)bpt * (double)ctx * (double)o->batch / 1e9);
+          else if (var == V_GQA && !mo->G) snprintf(note, sizeof note, "not in the model: G=8 for comparison");
+          else if (var == V_MLA && !mo->latent)
+            snprintf(note, sizeof note, "DeepSeek's ratios: latent %d + rope %d", 4 * mo->D, mo->D / 2);
+          if (note[0]) rs(w, C_NOTE, "%s", note);
+        }
+      }
+    }
+  }
+  if (g_fmt == OUT_TABLE) {
+    char title[800], mem[64], ctxs[32];
+    static const vcol v[] = {{C_MODEL, "model", FM_STR},      {C_VARIANT, "variant", FM_STR},
+                             {C_KVHEADS, "G", FM_INT},        {C_HEADDIM, "K dim", FM_INT},
+                             {C_DTYPE, "dtype", FM_STR},      {C_BPTL, "B/tok/layer", FM_SEP},
+                             {C_BPT, "B/token", FM_SEP},      {C_VSMHA, "vs MHA", FM_PCT},
+                             {C_CTX, "ctx", FM_SEP},          {C_BYTESCTX, "GB @ctx*batch", FM_GB},
+                             {C_MAXCTX, "max ctx", FM_TOK},   {C_MAXBATCH, "max batch", FM_SEP},
+                             {C_ALLOC, "allocator", FM_STR},  {C_NOTE, "note", FM_STR}};
+    fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
+    snprintf(mem, sizeof mem, "%.2f GiB = %.2f GB", o->mem / GiB, o->mem / 1e9);
+    snprintf(title, sizeof title,
+             "KV cache memory (all layers, K+V incl. scales; * = the model's own attention), batch %ld, budget %s\n"
+             "  max ctx = longest context per sequence for the batch, max batch = sequences at ctx, both in a pool\n"
+             "  of --mem made of 16-token blocks (bookkeeping comes on top); allocator = a real 2-layer cache of\n"
+             "  4 blocks: block bytes == B/tok/layer x 16 per layer (+ 64-byte alignment padding), exactly 4\n"
+             "  blocks' tokens fit. MLA for non-MLA models: latent 4D + rope D/2, one latent head.",
+             o->batch, mem);
+    print_table(title, v, NV(v), &t, C_MODEL);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+  memory_checks();
+  memory_seed();
+  memory_curve(o);
+}
+
+/* =====================================================================
+   caches filled with random data, timing
+   ===================================================================== */
+
+typedef struct {
+  int var, H, G, D, DV;
+  kva_cache_kind kind;
+} shape;
+
+static shape variant_shape(int var, int H, int G, int D) {
+  shape s;
+  s.var = var;
+  s.H = H;
+  s.D = D;
+  s.DV = D;
+  s.kind = KVA_CACHE_KV;
+  switch (var) {
+    case V_MHA: s.G = H; break;
+    case V_GQA: s.G = G; break;
+    case V_MQA: s.G = 1; break;
+    default: s.G = 1; s.kind = KVA_CACHE_LATENT; s.D = 4 * D + D / 2; s.DV = 4 * D; break;
+  }
+  return s;
+}
+
+static kva_attn shape_attn(const shape *s, int threads) {
+  kva_attn a;
+  memset(&a, 0, sizeof a);
+  a.n_heads = s->H;
+  a.n_kv_heads = s->G;
+  a.head_dim = s->D;
+  a.v_dim = s->DV == s->D ? 0 : s->DV;
+  a.n_threads = threads;
+  if (s->kind == KVA_CACHE_LATENT) a.scale = (float)(1.0 / sqrt(192.0)); /* MLA: 1/sqrt(d_nope + d_rope) */
+  return a;
+}
+
+/* bytes of one token of one layer in the cache (what one decode call reads per token) */
+static size_t shape_bpt(const shape *s, kva_dtype dt) {
+  kva_cache_desc d;
+  memset(&d, 0, sizeof d);
+  d.kind = s->kind;
+  d.n_layers = 1;
+  d.n_kv_heads = s->G;
+  d.head_dim = s->D;
+  d.v_dim = s->kind == KVA_CACHE_LATENT ? s->DV : 0;
+  d.dtype = dt;
+  return kva_cache_bytes_per_token(&d);
+}
+
+/* random numbers to fill caches from (a window at a random offset per chunk) */
+#define POOL_N ((size_t)1 << 22)
+static float *g_pool;
+
+static void pool_init(uint64_t seed) {
+  size_t i;
+  uint64_t s = seed;
+  if (g_pool) return;
+  g_pool = (float *)xalloc(POOL_N * sizeof(float));
+  for (i = 0; i < POOL_N; i++) g_pool[i] = (float)(2.0 * rng_unif(&s) - 1.0);
+}
+
+static const float *pool_at(uint64_t *rng, size_t need) {
+  size_t off = need < POOL_N ? (size_t)(rng_u64(rng) % (POOL_N - need)) : 0;
+  return g_pool + off;
+}
+
+/* A one-layer cache holding ctx tokens of random K/V. The last kva_seq_append is
+   `tail` tokens (1 for decode, n_q for prefill). scatter: the sequence's blocks are
+   spread over the pool in a shuffled order (a server's pool after a while), else
+   they are consecutive. k_scale/v_scale: FP8 scales (1.0 for timing). */
+static kva_status build_cache(const shape *s, kva_dtype dt, long ctx, int tail, int bs, int scatter, float k_scale,
+                              float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
+                              kva_cache **out, int *seq_out) {
+  kva_cache_desc d;
+  kva_cache *c = NULL;
+  kva_status st;
+  long done = 0, nb = (ctx + bs - 1) / bs;
+  int seq, helpers = 0, i;
+  const long chunk = 256;
+  memset(&d, 0, sizeof d);
+  d.kind = s->kind;
+  d.n_layers = 1;
+  d.n_kv_heads = s->G;
+  d.head_dim = s->D;
+  d.v_dim = s->kind == KVA_CACHE_LATENT ? s->DV : 0;
+  d.block_size = bs;
+  d.n_blocks = (int)nb;
+  d.dtype = dt;
+  d.k_scale = k_scale;
+  d.v_scale = v_scale;
+  if (scatter) helpers = nb < 256 ? (int)nb : 256;
+  d.max_seqs = 1 + helpers;
+  st = kva_cache_create(&d, &c);
+  if (st != KVA_OK) return st;
+  if (scatter) {
+    /* hand the blocks one at a time to random helper sequences, then free the helpers
+       in random order: the free list, and so the new sequence's table, is shuffled */
+    int hs[256], order[256];
+    long b;
+    for (i = 0; i < helpers; i++) {
+      if (kva_seq_new(c, &hs[i]) != KVA_OK) goto fail;
+      order[i] = i;
+    }
+    for (b = 0; b < nb; b++)
+      if (kva_seq_append(c, hs[rng_u64(rng) % (uint64_t)helpers], bs) != KVA_OK) goto fail;
+    for (i = helpers - 1; i > 0; i--) {
+      int j = (int)(rng_u64(rng) % (uint64_t)(i + 1)), x = order[i];
+      order[i] = order[j];
+      order[j] = x;
+    }
+    for (i = 0; i < helpers; i++) kva_seq_free(c, hs[order[i]]);
+  }
+  if ((st = kva_seq_new(c, &seq)) != KVA_OK) goto fail_st;
+  while (done < ctx) {
+    long body = ctx - tail, n = done < body ? (body - done < chunk ? body - done : chunk) : ctx - done;
+    size_t nk = (size_t)n * (size_t)s->G * (size_t)s->D, nv = (size_t)n * (size_t)s->G * (size_t)s->DV;
+    const float *k = k_all ? k_all + (size_t)done * (size_t)s->G * (size_t)s->D : pool_at(rng, nk);
+    const float *v = s->kind == KVA_CACHE_LATENT ? NULL
+                     : v_all ? v_all + (size_t)done * (size_t)s->G * (size_t)s->DV
+                             : pool_at(rng, nv);
+    if ((st = kva_seq_append(c, seq, (int)n)) != KVA_OK) goto fail_st;
+    if ((st = kva_store(c, seq, 0, k, v, (int)n)) != KVA_OK) goto fail_st;
+    done += n;
+  }
+  *out = c;
+  *seq_out = seq;
+  return KVA_OK;
+fail:
+  st = KVA_ERR_ARG;
+fail_st:
+  kva_cache_destroy(c);
+  return st;
+}
+
+typedef struct {
+  kva_cache *c;
+  int seq;
+  kva_attn a;
+  const float *q, *k, *v;
+  int n_q, n_kv;
+  float *out;
+} call_ctx;
+
+static kva_status call_cache(const call_ctx *x) { return kva_attend_cache(x->c, x->seq, 0, &x->a, x->q, x->n_q, x->out); }
+static kva_status call_array(const call_ctx *x) {
+  return kva_attend(&x->a, x->q, x->n_q, NULL, x->k, x->v, x->n_kv, NULL, x->out, NULL);
+}
+
+typedef struct {
+  double med, mn, mx;
+  kva_status st;
+} timing;
+
+/* warm-up call, then reps timed calls; cold: flush the caches before each */
+static timing time_calls(kva_status (*f)(const call_ctx *), const call_ctx *x, int cold, int reps) {
+  timing r;
+  double ts[256];
+  int i;
+  memset(&r, 0, sizeof r);
+  if (reps > 256) reps = 256;
+  if (reps < 1) reps = 1;
+  r.st = f(x);
+  if (r.st != KVA_OK) return r;
+  for (i = 0; i < reps; i++) {
+    double t0;
+    if (cold) flush_caches();
+    t0 = now_s();
+    f(x);
+    ts[i] = now_s() - t0;
+  }
+  qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
+  r.mn = ts[0];
+  r.mx = ts[reps - 1];
+  r.med = reps % 2 ? ts[reps / 2] : 0.5 * (ts[reps / 2 - 1] + ts[reps / 2]);
+  return r;
+}
+
+static void set_timing(row *w, const timing *t) {
+  rn(w, C_TMED, t->med);
+  rn(w, C_TMIN, t->mn);
+  rn(w, C_TMAX, t->mx);
+}
+
+/* KV bytes, flop, roofline columns of a decode/prefill row */
+static void set_roof(row *w, const machine *m, int nt, double kvbytes, double flop, double t) {
+  const roof *r = roof_for(m, nt);
+  double peak = r->fma[m->isa], tm = kvbytes / (r->bw_best * 1e9), tf = flop / (peak * 1e9);
+  rn(w, C_KVBYTES, kvbytes);
+  rn(w, C_GBPS, kvbytes / t / 1e9);
+  rn(w, C_BW, r->bw_best);
+  rn(w, C_BWRATIO, kvbytes / t / 1e9 / r->bw_best);
+  rn(w, C_GFLOP, flop / 1e9);
+  rn(w, C_GFLOPS, flop / t / 1e9);
+  rn(w, C_PEAK, peak);
+  rn(w, C_FMARATIO, flop / t / 1e9 / peak);
+  rs(w, C_BOUND, tm >= tf ? "mem" : "fma");
+  rn(w, C_ROOFRATIO, (tm >= tf ? tm : tf) / t);
+}
+
+static void set_shape_cols(row *w, const shape *s, kva_dtype dt) {
+  rs(w, C_VARIANT, "%s", variant_name[s->var]);
+  if (dt != KVA_DTYPE_DEFAULT) rs(w, C_DTYPE, "%s", dtype_str(dt));
+  rn(w, C_HEADS, s->H);
+  rn(w, C_KVHEADS, s->G);
+  rn(w, C_HEADDIM, s->D);
+  rn(w, C_VDIM, s->DV);
+}
+
+static float *rand_floats(size_t n, uint64_t *rng) {
+  float *p = (float *)xalloc(n * sizeof(float));
+  size_t i;
+  for (i = 0; i < n; i++) p[i] = (float)(2.0 * rng_unif(rng) - 1.0);
+  return p;
+}
+
+static const vcol decode_view[] = {
+    {C_VARIANT, "variant", FM_STR}, {C_DTYPE, "dtype", FM_STR},   {C_CTX, "ctx", FM_SEP},
+    {C_THREADS, "thr", FM_INT},     {C_MODE, "mode", FM_STR},     {C_TMED, "ms med", FM_MS},
+    {C_TMIN, "ms min-max", FM_RANGE}, {C_KVBYTES, "KV MiB", FM_MIB}, {C_GBPS, "GB/s", FM_F1},
+    {C_BWRATIO, "/BW", FM_X},       {C_GFLOPS, "GFLOP/s", FM_F1}, {C_FMARATIO, "/FMA", FM_X},
+    {C_BOUND, "bound", FM_STR},     {C_ROOFRATIO, "/roof", FM_X}, {C_NOTE, "note", FM_STR}};
+
+static const char *decode_title =
+    "Decode: one query token (n_q=1) over ctx cached tokens, kva_attend_cache, one layer, block 16\n"
+    "  KV MiB = tokens x bytes/token/layer read per call; /BW = GB/s over the read bandwidth measured\n"
+    "  above (same thread count); GFLOP/s counts 2 per FMA (scores H*n*D + values H*n*DV); /FMA = over\n"
+    "  the FMA peak of the library's ISA; bound = the roof with the longer floor; /roof = that floor / time";
+
+/* decode rows for variants x dtypes x ctx x threads x modes */
+static void run_decode(const opts *o, const machine *m, rows *t) {
+  int vi, di, ci, ti, mode;
+  uint64_t rng = o->seed;
+  for (vi = 0; vi < o->n_variants; vi++) {
+    shape s = variant_shape(o->variants[vi], o->H, o->G, o->D);
+    for (di = 0; di < o->n_dtypes; di++) {
+      kva_dtype dt = o->dtypes[di];
+      for (ci = 0; ci < o->n_ctx; ci++) {
+        long ctx = o->ctx[ci];
+        kva_cache *c = NULL;
+        int seq;
+        kva_status st;
+        float *q = rand_floats((size_t)s.H * (size_t)s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+        progress("decode %s %s ctx=%ld: filling the cache", variant_name[s.var], dtype_str(dt), ctx);
+        st = build_cache(&s, dt, ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
+        for (ti = 0; ti < o->n_threads; ti++)
+          for (mode = 0; mode < 2; mode++) {
+            row *w;
+            call_ctx x;
+            timing tm;
+            if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+            w = rows_add(t, "decode");
+            set_shape_cols(w, &s, dt);
+            rn(w, C_CTX, (double)ctx);
+            rn(w, C_THREADS, (double)o->threads[ti]);
+            rs(w, C_MODE, mode == 0 ? "cold" : "warm");
+            rn(w, C_NQ, 1);
+            rn(w, C_BLOCK, 16);
+            if (st != KVA_OK) {
+              rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+              if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
+              continue;
+            }
+            progress("decode %s %s ctx=%ld threads=%ld %s", variant_name[s.var], dtype_str(dt), ctx, o->threads[ti],
+                     mode == 0 ? "cold" : "warm");
+            memset(&x, 0, sizeof x);
+            x.c = c;
+            x.seq = seq;
+            x.a = shape_attn(&s, (int)o->threads[ti]);
+            x.q = q;
+            x.n_q = 1;
+            x.out = out;
+            tm = time_calls(call_cache, &x, mode == 0, o->reps);
+            if (tm.st != KVA_OK) {
+              rs(w, C_NOTE, "attend: %s", kva_status_str(tm.st));
+              g_failed = 1;
+              continue;
+            }
+            set_timing(w, &tm);
+            set_roof(w, m, (int)o->threads[ti], (double)ctx * (double)shape_bpt(&s, dt),
+                     2.0 * s.H * (double)ctx * (s.D + s.DV), tm.med);
+            if (s.G == 1 && o->threads[ti] > 1) rs(w, C_NOTE, "one KV head: one work item, no threading");
+          }
+        if (c) kva_cache_destroy(c);
+        free(q);
+        free(out);
+      }
+    }
+  }
+  progress_end();
+}
+
+/* prefill: n_q causal queries over n_kv cached tokens (the last n_q of them are the queries) */
+static void run_prefill(const opts *o, const machine *m, rows *t) {
+  int vi, ti, src;
+  uint64_t rng = o->seed + 1;
+  long nq = o->prefill_nq, nkv = o->prefill_ctx;
+  double pairs = (double)nq * (double)(nkv - nq) + (double)nq * (double)(nq + 1) / 2; /* unmasked pairs */
+  for (vi = 0; vi < o->n_variants; vi++) {
+    shape s = variant_shape(o->variants[vi], o->H, o->G, o->D);
+    float *q, *out;
+    if (s.kind == KVA_CACHE_LATENT) continue; /* MLA prefill runs un-absorbed (kva_mla_forward), not this kernel */
+    q = rand_floats((size_t)nq * s.H * s.D, &rng);
+    out = (float *)xalloc((size_t)nq * s.H * s.DV * 4);
+    for (src = 0; src <= o->n_dtypes; src++) { /* src == n_dtypes: plain float arrays via kva_attend */
+      kva_dtype dt = src < o->n_dtypes ? o->dtypes[src] : KVA_F32;
+      kva_cache *c = NULL;
+      int seq = 0;
+      kva_status st = KVA_OK;
+      float *k = NULL, *v = NULL;
+      if (src < o->n_dtypes) {
+        progress("prefill %s %s: filling the cache", variant_name[s.var], dtype_str(dt));
+        st = build_cache(&s, dt, nkv, (int)nq, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
+      } else {
+        k = rand_floats((size_t)nkv * s.G * s.D, &rng);
+        v = rand_floats((size_t)nkv * s.G * s.DV, &rng);
+      }
+      for (ti = 0; ti < o->n_threads; ti++) {
+        row *w = rows_add(t, "prefill");
+        call_ctx x;
+        timing tm;
+        set_shape_cols(w, &s, dt);
+        rs(w, C_LAYOUT, src < o->n_dtypes ? "cache" : "arrays");
+        rn(w, C_CTX, (double)nkv);
+        rn(w, C_NQ, (double)nq);
+        rn(w, C_THREADS, (double)o->threads[ti]);
+        rs(w, C_MODE, "warm");
+        if (st != KVA_OK) {
+          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+          if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
+          continue;
+        }
+        progress("prefill %s %s %s threads=%ld", variant_name[s.var], dtype_str(dt), src < o->n_dtypes ? "cache" : "arrays",
+                 o->threads[ti]);
+        memset(&x, 0, sizeof x);
+        x.c = c;
+        x.seq = seq;
+        x.a = shape_attn(&s, (int)o->threads[ti]);
+        x.q = q;
+        x.n_q = (int)nq;
+        x.k = k;
+        x.v = v;
+        x.n_kv = (int)nkv;
+        x.out = out;
+        tm = time_calls(src < o->n_dtypes ? call_cache : call_array, &x, 0, o->reps < 3 ? o->reps : 3);
+        if (tm.st != KVA_OK) {
+          rs(w, C_NOTE, "attend: %s", kva_status_str(tm.st));
+          g_failed = 1;
+          continue;
+        }
+        set_timing(w, &tm);
+        set_roof(w, m, (int)o->threads[ti], (double)nkv * (double)shape_bpt(&s, dt), 2.0 * pairs * s.H * (s.D + s.DV),
+                 tm.med);
+      }
+      if (c) kva_cache_destroy(c);
+      free(k);
+      free(v);
+    }
+    free(q);
+    free(out);
+  }
+  progress_end();
+}
+
+/* the same decode on contiguous float arrays (kva_attend) and through the paged F32 cache */
+static void run_paged_vs_contig(const opts *o, rows *t) {
+  int vi, ci, ti, mode;
+  uint64_t rng = o->seed + 2;
+  for (vi = 0; vi < o->n_variants; vi++) {
+    shape s = variant_shape(o->variants[vi], o->H, o->G, o->D);
+    if (s.kind == KVA_CACHE_LATENT) continue; /* a latent cache reads V inside K: not the same bytes as arrays */
+    for (ci = 0; ci < o->n_ctx; ci++) {
+      long ctx = o->ctx[ci];
+      size_t nk = (size_t)ctx * s.G * s.D, nv = (size_t)ctx * s.G * s.DV;
+      float *k, *v, *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+      kva_cache *c = NULL;
+      int seq;
+      kva_status st;
+      progress("paged vs contiguous %s ctx=%ld: filling", variant_name[s.var], ctx);
+      k = rand_floats(nk, &rng);
+      v = rand_floats(nv, &rng);
+      st = build_cache(&s, KVA_F32, ctx, 1, 16, 0, 1.0f, 1.0f, k, v, &rng, &c, &seq);
+      for (ti = 0; ti < o->n_threads; ti++)
+        for (mode = 0; mode < 2; mode++) {
+          call_ctx x;
+          timing ta, tc;
+          row *w;
+          if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+          w = rows_add(t, "paged_vs_contig");
+          set_shape_cols(w, &s, KVA_F32);
+          rn(w, C_CTX, (double)ctx);
+          rn(w, C_THREADS, (double)o->threads[ti]);
+          rs(w, C_MODE, mode == 0 ? "cold" : "warm");
+          rn(w, C_BLOCK, 16);
+          if (st != KVA_OK) {
+            rs(w, C_NOTE, "cache: %s", kva_status_str(st));
+            g_failed = 1;
+            continue;
+          }
+          progress("paged vs contiguous %s ctx=%ld threads=%ld %s", variant_name[s.var], ctx, o->threads[ti],
+                   mode == 0 ? "cold" : "warm");
+          memset(&x, 0, sizeof x);
+          x.c = c;
+          x.seq = seq;
+          x.a = shape_attn(&s, (int)o->threads[ti]);
+          x.q = q;
+          x.n_q = 1;
+          x.k = k;
+          x.v = v;
+          x.n_kv = (int)ctx;
+          x.out = out;
+          ta = time_calls(call_array, &x, mode == 0, o->reps);
+          tc = time_calls(call_cache, &x, mode == 0, o->reps);
+          if (ta.st != KVA_OK || tc.st != KVA_OK) {
+            rs(w, C_NOTE, "attend failed");
+            g_failed = 1;
+            continue;
+          }
+          rn(w, C_BASET, ta.med);
+          set_timing(w, &tc);
+          rn(w, C_RATIO, tc.med / ta.med);
+        }
+      if (c) kva_cache_destroy(c);
+      free(k);
+      free(v);
+      free(q);
+      free(out);
+    }
+  }
+  progress_end();
+}
+
+static void print_decode(const rows *t, const char *title) { print_table(title, decode_view, NV(decode_view), t, C_VARIANT); }
+
+static void cmd_speed(const opts *o, const machine *m) {
+  rows t = {0};
+  run_decode(o, m, &t);
+  print_decode(&t, decode_title);
+  emit_rows(&t);
+  rows_free(&t);
+  if (o->prefill) {
+    static const vcol v[] = {
+        {C_VARIANT, "variant", FM_STR}, {C_DTYPE, "dtype", FM_STR},  {C_LAYOUT, "K/V in", FM_STR},
+        {C_NQ, "n_q", FM_INT},          {C_CTX, "n_kv", FM_SEP},     {C_THREADS, "thr", FM_INT},
+        {C_TMED, "ms med", FM_MS},      {C_TMIN, "ms min-max", FM_RANGE}, {C_GFLOP, "GFLOP", FM_F2},
+        {C_GFLOPS, "GFLOP/s", FM_F1},   {C_FMARATIO, "/FMA", FM_X},  {C_NOTE, "note", FM_STR}};
+    char title[600];
+    run_prefill(o, m, &t);
+    snprintf(title, sizeof title,
+             "Prefill: %d causal queries over %d cached tokens (warm; K/V in a cache, or plain f32 arrays via "
+             "kva_attend)\n  GFLOP counts unmasked (query, key) pairs only: 2 x pairs x H x (D + DV); /FMA = over "
+             "the FMA peak of the library's ISA\n  (no MLA row: MLA prefill runs un-absorbed, through kva_mla_forward)",
+             o->prefill_nq, o->prefill_ctx);
+    print_table(title, v, NV(v), &t, C_VARIANT);
+    emit_rows(&t);
+    rows_free(&t);
+  }
+  {
+    static const vcol v[] = {{C_VARIANT, "variant", FM_STR}, {C_CTX, "ctx", FM_SEP},
+                             {C_THREADS, "thr", FM_INT},     {C_MODE, "mode", FM_STR},
+                             {C_BASET, "contiguous ms", FM_MS}, {C_TMED, "paged ms", FM_MS},
+                             {C_RATIO, "paged/contig", FM_X}, {C_NOTE, "note", FM_STR}};
+    run_paged_vs_contig(o, &t);
+    print_table("Decode, paged vs contiguous: the same f32 K/V as plain [token][head][dim] arrays (kva_attend)\n"
+                "  and in the paged cache (block 16, kva_attend_cache); medians (no MLA row: a latent cache reads\n"
+                "  V inside K, arrays could not)",
+                v, NV(v), &t, C_VARIANT);
+    emit_rows(&t);
+    rows_free(&t);
+  }
+}
+
+/* =====================================================================
+   quality: output error of each storage dtype against F32 storage and fp64
+   ===================================================================== */
+
+enum { PAT_RANDOM, PAT_HEAVY, PAT_OUTLIER, NPAT };
+static const char *pat_name[NPAT] = {"random", "heavy-hitter", "outlier-K"};
+
+/* fills k [n][G][D], v [n][G][DV] (NULL for latent), q [T][H][D]; heavy: the set of heavy tokens */
+static void gen_pattern(int pat, const shape *s, long n, int T, float *k, float *v, float *q, unsigned char *heavy,
+                        uint64_t *rng) {
+  size_t i, nk = (size_t)n * s->G * s->D, nv = (size_t)n * s->G * s->DV, nq = (size_t)T * s->H * s->D;
+  int R = s->H / s->G, D = s->D;
+  for (i = 0; i < nk; i++) k[i] = (float)rng_gauss(rng);
+  if (v)
+    for (i = 0; i < nv; i++) v[i] = (float)rng_gauss(rng);
+  for (i = 0; i < nq; i++) q[i] = (float)rng_gauss(rng);
+  memset(heavy, 0, (size_t)n);
+  if (pat == PAT_HEAVY) {
+    /* per KV head a direction u; queries lean on u, 1% of the keys (and the 4 first,
+       "sinks") carry b*u: those keys get scores ~+8 above the rest */
+    int g, d, t2, h;
+    double a = sqrt((double)D), b = 8.0 * sqrt((double)D) / a; /* heavy score ~ a*b/sqrt(D) = 8 */
+    long j;
+    for (j = 0; j < n; j++) heavy[j] = j < 4 || rng_unif(rng) < 0.01;
+    for (g = 0; g < s->G; g++) {
+      double u[2048], nrm = 0;
+      for (d = 0; d < D; d++) { u[d] = rng_gauss(rng); nrm += u[d] * u[d]; }
+      nrm = sqrt(nrm);
+      for (d = 0; d < D; d++) u[d] /= nrm;
+      for (j = 0; j < n; j++)
+        if (heavy[j])
+          for (d = 0; d < D; d++) k[((size_t)j * s->G + g) * D + d] += (float)(b * u[d]);
+      for (t2 = 0; t2 < T; t2++)
+        for (h = g * R; h < (g + 1) * R; h++)
+          for (d = 0; d < D; d++) q[((size_t)t2 * s->H + h) * D + d] += (float)(a * u[d]);
+    }
+  } else if (pat == PAT_OUTLIER) {
+    /* LLM-like keys: 4 channels of every key are large (~20) and consistent */
+    static const int ch[4] = {3, 17, 60, 101};
+    long j;
+    int g, c;
+    for (j = 0; j < n; j++)
+      for (g = 0; g < s->G; g++)
+        for (c = 0; c < 4; c++)
+          if (ch[c] < D) k[((size_t)j * s->G + g) * D + ch[c]] = (float)(20.0 * (1.0 + 0.1 * rng_gauss(rng)));
+  }
+}
+
+/* fp64 decode reference for the last position; out [H][DV]; mass: softmax mass on heavy tokens */
+static void ref_decode(const shape *s, long n, const float *k, const float *v, const float *q, float scale,
+                       double *out, double *scores, const unsigned char *heavy, double *mass) {
+  int h, R = s->H / s->G;
+  long j;
+  double msum = 0;
+  for (h = 0; h < s->H; h++) {
+    int g = h / R, d;
+    double mx = -INFINITY, sum = 0, hm = 0;
+    const float *qh = q + (size_t)h * s->D;
+    for (j = 0; j < n; j++) {
+      const float *kj = k + ((size_t)j * s->G + g) * s->D;
+      double dot = 0;
+      for (d = 0; d < s->D; d++) dot += (double)qh[d] * kj[d];
+      scores[j] = dot * scale;
+      if (scores[j] > mx) mx = scores[j];
+    }
+    for (d = 0; d < s->DV; d++) out[(size_t)h * s->DV + d] = 0;
+    for (j = 0; j < n; j++) {
+      const float *vj = v ? v + ((size_t)j * s->G + g) * s->DV : k + ((size_t)j * s->G + g) * s->D;
+      double p = exp(scores[j] - mx);
+      sum += p;
+      if (heavy[j]) hm += p;
+      for (d = 0; d < s->DV; d++) out[(size_t)h * s->DV + d] += p * vj[d];
+    }
+    for (d = 0; d < s->DV; d++) out[(size_t)h * s->DV + d] /= sum;
+    msum += hm / sum;
+  }
+  *mass = msum / s->H;
+}
+
+typedef struct {
+  double se, sr, mx; /* sum sq err, sum sq ref, max abs err */
+} errstat;
+
+static void err_add(errstat *e, const float *x, const double *ref, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    double d = (double)x[i] - ref[i];
+    e->se += d * d;
+    e->sr += ref[i] * ref[i];
+    if (fabs(d) > e->mx) e->mx = fabs(d);
+  }
+}
+
+static void cmd_quality(const opts *o) {
+  rows t = {0};
+  int vi, pi, ci, di, tr;
+  uint64_t rng = o->seed + 3;
+  for (vi = 0; vi < o->n_variants; vi++) {
+    shape s = variant_shape(o->variants[vi], o->H, o->G, o->D);
+    kva_attn a = shape_attn(&s, 0);
+    float scale = a.scale != 0.0f ? a.scale : (float)(1.0 / sqrt((double)s.D));
+    for (pi = 0; pi < NPAT; pi++)
+      for (ci = 0; ci < o->n_ctx; ci++) {
+        long n = o->ctx[ci];
+        int T = o->trials;
+        size_t nk = (size_t)n * s.G * s.D, nv = (size_t)n * s.G * s.DV, no = (size_t)s.H * s.DV;
+        float *k = (float *)xalloc(nk * 4), *v = s.kind == KVA_CACHE_LATENT ? NULL : (float *)xalloc(nv * 4);
+        float *q = (float *)xalloc((size_t)T * s.H * s.D * 4), *o32 = (float *)xalloc((size_t)T * no * 4),
+              *ox = (float *)xalloc(no * 4);
+        double *ref = (double *)xalloc((size_t)T * no * 8), *sc = (double *)xalloc((size_t)n * 8), mass = 0, m1;
+        unsigned char *heavy = (unsigned char *)xalloc((size_t)n);
+        float kmax = 0, vmax = 0;
+        size_t i;
+        errstat e32 = {0, 0, 0};
+        progress("quality %s %s ctx=%ld: reference", variant_name[s.var], pat_name[pi], n);
+        gen_pattern(pi, &s, n, T, k, v, q, heavy, &rng);
+        for (i = 0; i < nk; i++) if (fabsf(k[i]) > kmax) kmax = fabsf(k[i]);
+        for (i = 0; v && i < nv; i++) if (fabsf(v[i]) > vmax) vmax = fabsf(v[i]);
+        if (!v) vmax = kmax;
+        for (tr = 0; tr < T; tr++) {
+          ref_decode(&s, n, k, v, q + (size_t)tr * s.H * s.D, scale, ref + (size_t)tr * no, sc, heavy, &m1);
+          mass += m1 / T;
+        }
+        /* f32 storage first: the baseline of every other dtype */
+        for (di = -1; di < o->n_dtypes; di++) {
+          kva_dtype dt = di < 0 ? KVA_F32 : o->dtypes[di];
+          kva_cache *c = NULL;
+          int seq;
+          kva_status st;
+          errstat e = {0, 0, 0}, e64 = {0, 0, 0};
+          row *w;
+          if (di >= 0 && dt == KVA_F32) continue;
+          progress("quality %s %s ctx=%ld: %s", variant_name[s.var], pat_name[pi], n, dtype_str(dt));
+          /* FP8 scale: vLLM's "calculate" rule, max|k|/200 and max|v|/100 */
+          st = build_cache(&s, dt, n, 1, 16, 0, kmax / 200.0f, vmax / 100.0f, k, v, &rng, &c, &seq);
+          w = rows_add(&t, "quality");
+          set_shape_cols(w, &s, dt);
+          rs(w, C_PATTERN, "%s", pat_name[pi]);
+          rn(w, C_CTX, (double)n);
+          rn(w, C_NQ, T);
+          if (pi == PAT_HEAVY) rn(w, C_MASS, mass);
+          if (st != KVA_OK) {
+            rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+            if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
+            continue;
+          }
+          for (tr = 0; tr < T; tr++) {
+            float *dst = di < 0 ? o32 + (size_t)tr * no : ox;
+            if ((st = kva_attend_cache(c, seq, 0, &a, q + (size_t)tr * s.H * s.D, 1, dst)) != KVA_OK) break;
+            err_add(&e64, dst, ref + (size_t)tr * no, no);
+            if (di >= 0) {
+              double tmp[4096];
+              size_t off;
+              for (off = 0; off < no; off += 4096) { /* against the f32 storage's output */
+                size_t m = no - off < 4096 ? no - off : 4096, z;
+                for (z = 0; z < m; z++) tmp[z] = o32[(size_t)tr * no + off + z];
+                err_add(&e, ox + off, tmp, m);
+              }
+            }
+          }
+          kva_cache_destroy(c);
+          if (st != KVA_OK) {
+            rs(w, C_NOTE, "attend: %s", kva_status_str(st));
+            g_failed = 1;
+            continue;
+          }
+          if (di < 0) {
+            e32 = e64;
+            rs(w, C_NOTE, "the baseline: f32 storage vs the fp64 reference");
+          } else {
+            rn(w, C_MAXABS, e.mx);
+            rn(w, C_RELRMS, sqrt(e.se / e.sr));
+          }
+          rn(w, C_MAXABS64, e64.mx);
+          rn(w, C_RELRMS64, sqrt(e64.se / e64.sr));
+          if ((dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2))
+            rs(w, C_NOTE, "scales max|k|/200 = %.3g, max|v|/100 = %.3g", kmax / 200.0f, vmax / 100.0f);
+        }
+        (void)e32;
+        free(k); free(v); free(q); free(o32); free(ox); free(ref); free(sc); free(heavy);
+      }
+  }
+  progress_end();
+  {
+    static const vcol v[] = {{C_VARIANT, "variant", FM_STR},  {C_PATTERN, "pattern", FM_STR},
+                             {C_CTX, "ctx", FM_SEP},          {C_DTYPE, "storage", FM_STR},
+                             {C_MAXABS, "max|err| vs f32", FM_E}, {C_RELRMS, "rel RMS vs f32", FM_E},
+                             {C_MAXABS64, "max|err| vs fp64", FM_E}, {C_RELRMS64, "rel RMS vs fp64", FM_E},
+                             {C_MASS, "heavy mass", FM_PCT},  {C_NOTE, "note", FM_STR}};
+    char title[600];
+    snprintf(title, sizeof title,
+             "Quality: decode output (n_q=1 at the last position, %d random queries) with K/V stored as each dtype,\n"
+             "  against the same data stored as f32 and against an fp64 reference (H=%d G=%d D=%d; MLA: one latent\n"
+             "  head of %d+%d, V = its first %d). Patterns: random N(0,1); heavy-hitter: 1%% of keys + 4 sinks score\n"
+             "  ~8 higher (heavy mass = their softmax share); outlier-K: 4 key channels ~20 (as in real LLM keys).\n"
+             "  rel RMS = ||out - ref|| / ||ref|| over all heads and queries.",
+             o->trials, o->H, o->G, o->D, 4 * o->D, o->D / 2, 4 * o->D);
+    print_table(title, v, NV(v), &t, C_VARIANT);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
+/* =====================================================================
+   paged: decode time against block size and layout
+   ===================================================================== */
+
+static void cmd_paged(const opts *o, const machine *m) {
+  rows t = {0};
+  int vi, di, ci, bi, ti, mode, lay;
+  uint64_t rng = o->seed + 4;
+  for (vi = 0; vi < o->n_variants; vi++) {
+    shape s = variant_shape(o->variants[vi], o->H, o->G, o->D);
+    for (di = 0; di < o->n_dtypes; di++) {
+      kva_dtype dt = o->dtypes[di];
+      for (ci = 0; ci < o->n_ctx; ci++) {
+        long ctx = o->ctx[ci];
+        float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+        float *ka = NULL, *va = NULL;
+        double base[MAXL][2], arr[MAXL][2];
+        kva_cache *c;
+        int seq;
+        kva_status st;
+        /* baselines: one block holding the whole sequence (each head's tokens contiguous),
+           and for f32 plain arrays through kva_attend */
+        progress("paged %s %s ctx=%ld: contiguous baseline", variant_name[s.var], dtype_str(dt), ctx);
+        memset(base, 0, sizeof base);
+        memset(arr, 0, sizeof arr);
+        st = build_cache(&s, dt, ctx, 1, (int)ctx, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
+        if (st != KVA_OK) {
+          row *w = rows_add(&t, "paged");
+          set_shape_cols(w, &s, dt);
+          rn(w, C_CTX, (double)ctx);
+          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+          if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
+          free(q);
+          free(out);
+          continue;
+        }
+        for (ti = 0; ti < o->n_threads; ti++)
+          for (mode = 0; mode < 2; mode++) {
+            call_ctx x;
+            if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+            memset(&x, 0, sizeof x);
+            x.c = c; x.seq = seq; x.a = shape_attn(&s, (int)o->threads[ti]); x.q = q; x.n_q = 1; x.out = out;
+            base[ti][mode] = time_calls(call_cache, &x, mode == 0, o->reps).med;
+          }
+        kva_cache_destroy(c);
+        if (dt == KVA_F32 && s.kind == KVA_CACHE_KV) {
+          ka = rand_floats((size_t)ctx * s.G * s.D, &rng);
+          va = rand_floats((size_t)ctx * s.G * s.DV, &rng);
+          for (ti = 0; ti < o->n_threads; ti++)
+            for (mode = 0; mode < 2; mode++) {
+              call_ctx x;
+              if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+              memset(&x, 0, sizeof x);
+              x.a = shape_attn(&s, (int)o->threads[ti]); x.q = q; x.n_q = 1; x.out = out;
+              x.k = ka; x.v = va; x.n_kv = (int)ctx;
+              arr[ti][mode] = time_calls(call_array, &x, mode == 0, o->reps).med;
+            }
+          free(ka);
+          free(va);
+        }
+        for (bi = 0; bi < o->n_bs; bi++)
+          for (lay = 0; lay < 2; lay++) {
+            int bs = (int)o->bs[bi];
+            if (bs > ctx) continue;
+            progress("paged %s %s ctx=%ld block=%d %s: filling", variant_name[s.var], dtype_str(dt), ctx, bs,
+                     lay ? "scattered" : "in order");
+            st = build_cache(&s, dt, ctx, 1, bs, lay, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
+            for (ti = 0; ti < o->n_threads; ti++)
+              for (mode = 0; mode < 2; mode++) {
+                row *w;
+                call_ctx x;
+                timing tm;
+                if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+                w = rows_add(&t, "paged");
+                set_shape_cols(w, &s, dt);
+                rn(w, C_CTX, (double)ctx);
+                rn(w, C_BLOCK, bs);
+                rs(w, C_LAYOUT, lay ? "scattered" : "in order");
+                rn(w, C_THREADS, (double)o->threads[ti]);
+                rs(w, C_MODE, mode == 0 ? "cold" : "warm");
+                if (st != KVA_OK) {
+                  rs(w, C_NOTE, "cache: %s", kva_status_str(st));
+                  g_failed = 1;
+                  continue;
+                }
+                progress("paged %s %s ctx=%ld block=%d %s threads=%ld %s", variant_name[s.var], dtype_str(dt), ctx, bs,
+                         lay ? "scattered" : "in order", o->threads[ti], mode == 0 ? "cold" : "warm");
+                memset(&x, 0, sizeof x);
+                x.c = c; x.seq = seq; x.a = shape_attn(&s, (int)o->threads[ti]); x.q = q; x.n_q = 1; x.out = out;
+                tm = time_calls(call_cache, &x, mode == 0, o->reps);
+                if (tm.st != KVA_OK) {
+                  rs(w, C_NOTE, "attend: %s", kva_status_str(tm.st));
+                  g_failed = 1;
+                  continue;
+                }
+                set_timing(w, &tm);
+                set_roof(w, m, (int)o->threads[ti], (double)ctx * (double)shape_bpt(&s, dt),
+                         2.0 * s.H * (double)ctx * (s.D + s.DV), tm.med);
+                rn(w, C_BASET, base[ti][mode]);
+                rn(w, C_RATIO, tm.med / base[ti][mode]);
+                if (arr[ti][mode] > 0) rs(w, C_NOTE, "vs f32 arrays (kva_attend): %.2f", tm.med / arr[ti][mode]);
+              }
+            if (st == KVA_OK) kva_cache_destroy(c);
+          }
+        free(q);
+        free(out);
+      }
+    }
+  }
+  progress_end();
+  {
+    static const vcol v[] = {{C_VARIANT, "variant", FM_STR}, {C_DTYPE, "dtype", FM_STR},  {C_CTX, "ctx", FM_SEP},
+                             {C_BLOCK, "block", FM_INT},     {C_LAYOUT, "blocks", FM_STR}, {C_THREADS, "thr", FM_INT},
+                             {C_MODE, "mode", FM_STR},       {C_TMED, "ms med", FM_MS},  {C_TMIN, "ms min-max", FM_RANGE},
+                             {C_GBPS, "GB/s", FM_F1},        {C_BWRATIO, "/BW", FM_X},   {C_BASET, "contig ms", FM_MS},
+                             {C_RATIO, "paged/contig", FM_X}, {C_NOTE, "note", FM_STR}};
+    print_table("Paged decode against block size (kva_attend_cache, n_q=1). contig = the same cache with one block\n"
+                "  holding the whole sequence (every head's tokens contiguous); blocks in order = the table lists\n"
+                "  consecutive blocks, scattered = shuffled over the pool as after a server has run a while.",
+                v, NV(v), &t, C_DTYPE);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
+/* =====================================================================
+   main
+   ===================================================================== */
+
+static void usage(void) {
+  printf(
+      "kvattn_bench %s (kvattn %s, kernels %s) - memory, speed, quality and paging of kvattn.h\n"
+      "\n"
+      "usage: kvattn_bench [SUBCOMMAND] [OPTIONS]   (the subcommand may stand anywhere)\n"
+      "\n"
+      "subcommands\n"
+      "  summary     (default; what `make bench` runs) the memory table of every preset, the FACTS.md\n"
+      "              checks and the seed's corrected table, this machine's read bandwidth and FMA peak,\n"
+      "              and one decode line per variant: F16, 1 thread, cold, 4096 and 32768 tokens\n"
+      "  memory      bytes per token for MHA, MQA, GQA and MLA of each model, per dtype; at --ctx and\n"
+      "              --batch; what fits --mem; checked against a real cache; FACTS.md checks; the seed's\n"
+      "              comparison table corrected; KV memory against context (the plot's data)\n"
+      "  speed       read bandwidth (1 and all threads) and FMA peak; decode for the variants, dtypes,\n"
+      "              contexts, thread counts, cold and warm; prefill (GFLOP/s against the FMA peak);\n"
+      "              paged cache against contiguous arrays\n"
+      "  quality     decode output error of F16/BF16 (and INT8/FP8 once supported) storage against F32\n"
+      "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data\n"
+      "  paged       decode time against block size (--block-sizes) with blocks in order or scattered;\n"
+      "              ratios to one contiguous block and (f32) to plain arrays\n"
+      "  plot-data   CSV for bench/plot.gp: memory against context and decode time against context\n"
+      "              (1K..32K tokens); with --out DIR writes DIR/bench.csv and draws DIR/*.png if gnuplot\n"
+      "              is installed. `make plot BENCH_ARGS=plot-data` does the same through the Makefile.\n"
+      "  all         memory, speed, quality and paged\n"
+      "\n"
+      "shapes and sizes\n"
+      "  --model M           a preset (Llama-2-7B Llama-2-70B Llama-3-8B Llama-3-70B Mistral-7B DeepSeek-V2\n"
+      "                      DeepSeek-V3) or a custom L,H,G,D[,LATENT,ROPE] (layers, query heads, KV heads,\n"
+      "                      head dim; MLA dims default to latent 4*D, rope D/2). Repeatable; memory only;\n"
+      "                      default: every preset\n"
+      "  --shape H,G,D       the attention shape of speed, quality and paged (default 32,8,128); the\n"
+      "                      variants are MHA (G=H), GQA (G), MQA (G=1), MLA (one latent head of\n"
+      "                      4D + D/2 values, V = the first 4D, H query heads: absorbed decode)\n"
+      "  --variants LIST     mha,gqa,mqa,mla (default: all; quality: gqa,mla; paged: gqa)\n"
+      "  --dtypes LIST       f16,bf16,f32,int8,fp8_e4m3,fp8_e5m2 (memory default: all six; speed: f16,bf16,\n"
+      "                      f32; summary: f16; quality: f16,bf16,int8,fp8_e4m3,fp8_e5m2; paged: f16,f32).\n"
+      "                      A dtype the library does not support yet shows as n/a (not yet)\n"
+      "  --ctx LIST          context lengths; memory: default 131072; speed/summary: 4096,32768;\n"
+      "                      quality: 4096; paged: 4096,32768; plot-data: 1024..32768 (1k = 1024)\n"
+      "  --batch N           sequences for memory (default 1)\n"
+      "  --mem SIZE          memory budget for memory (default 80GiB; suffixes B, KB, MB, GB, TB decimal;\n"
+      "                      KiB, MiB, GiB, TiB or K, M, G, T binary)\n"
+      "\n"
+      "timing\n"
+      "  --threads LIST      thread counts (kva_attn.n_threads; default 1 for summary and paged, else\n"
+      "                      1,<all>); bandwidth and FMA peak are measured for each, plus 1 and all\n"
+      "  --modes LIST        cold,warm (cold reads a large buffer between calls to empty the caches;\n"
+      "                      default both for speed and paged, cold for summary and plot-data)\n"
+      "  --reps N            timed calls per row after one warm-up call (default 5, --quick 2; prefill\n"
+      "                      at most 3); rows give the median and min-max\n"
+      "  --block-sizes LIST  paged: tokens per block (default 1,4,16,64,256)\n"
+      "  --no-prefill        speed: skip prefill\n"
+      "  --prefill N,CTX     speed: prefill queries and cached tokens (default 512,4096; --quick 128,1024)\n"
+      "  --trials N          quality: random queries per row (default 8)\n"
+      "  --bw-mib N          bandwidth buffer (default 1024 MiB: far larger than the LLC)\n"
+      "  --flush-mib N       cold-cache flush buffer (default 256 MiB)\n"
+      "  --seed N            random seed (default 1)\n"
+      "\n"
+      "output\n"
+      "  --csv               CSV: one header line, then one row per result; every section has the same\n"
+      "                      columns (section, model, variant, dtype, ..., note); empty where n/a\n"
+      "  --json              {\"tool\":..., \"rows\": [ {\"section\": ..., only the columns that apply} ]}\n"
+      "  --out DIR           plot-data: write DIR/bench.csv (and plots) instead of stdout\n"
+      "  --quick             smoke run: small contexts (1024,4096), 2 reps, 256 MiB bandwidth buffer,\n"
+      "                      128 MiB flush buffer, prefill 128 over 1024, 2 quality trials\n"
+      "  --quiet             no progress on stderr\n"
+      "  --help              this text\n"
+      "\n"
+      "Every figure comes from the library (kva_cache_bytes_per_token, kva_cache_get_stats,\n"
+      "kva_attend_cache, kva_attend). Exit status: 0, or 1 if a FACTS.md check failed or a call\n"
+      "failed unexpectedly, 2 on bad options.\n",
+      BENCH_VERSION, KVATTN_VERSION_STRING, kva_simd_name());
+}
+
+static int bad(const char *what, const char *arg) {
+  fprintf(stderr, "kvattn_bench: bad %s: '%s' (try --help)\n", what, arg ? arg : "(missing)");
+  return 2;
+}
+
+typedef struct {
+  int ctx, dtypes, variants, threads, models, bs, trials;
+} set_flags;
+
+static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
+  int i, cmd_seen = 0;
+  memset(o, 0, sizeof *o);
+  memset(sf, 0, sizeof *sf);
+  o->cmd = "summary";
+  o->batch = 1;
+  o->mem = 80.0 * GiB;
+  o->H = 32; o->G = 8; o->D = 128;
+  o->reps = 5;
+  o->bw_bytes = 1024 * MiB;
+  o->flush_bytes = 256 * MiB;
+  o->prefill = 1;
+  o->prefill_nq = 512;
+  o->prefill_ctx = 4096;
+  o->trials = 8;
+  o->seed = 1;
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    long tmp[MAXL];
+    int n, k;
+#define NEEDV() do { if (!v) return bad("option value", a); i++; } while (0)
+    if (a[0] != '-') { /* the subcommand, anywhere (make plot puts --csv first) */
+      static const char *cmds[] = {"summary", "memory", "speed", "quality", "paged", "plot-data", "all"};
+      int ok = 0;
+      for (k = 0; k < NV(cmds); k++)
+        if (!strcmp(a, cmds[k])) { o->cmd = cmds[k]; ok = 1; }
+      if (!ok || cmd_seen++) return bad(ok ? "command line (two subcommands)" : "subcommand", a);
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); exit(0); }
+    else if (!strcmp(a, "--csv")) g_fmt = OUT_CSV;
+    else if (!strcmp(a, "--json")) g_fmt = OUT_JSON;
+    else if (!strcmp(a, "--quick")) o->quick = 1;
+    else if (!strcmp(a, "--quiet")) g_quiet = 1;
+    else if (!strcmp(a, "--no-prefill")) o->prefill = 0;
+    else if (!strcmp(a, "--ctx")) {
+      NEEDV();
+      if ((n = parse_ints(v, o->ctx, MAXL)) <= 0) return bad("--ctx", v);
+      for (k = 0; k < n; k++) if (o->ctx[k] < 1 || o->ctx[k] > (1L << 30)) return bad("--ctx", v);
+      o->n_ctx = n; sf->ctx = 1;
+    } else if (!strcmp(a, "--batch")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1) return bad("--batch", v);
+      o->batch = tmp[0];
+    } else if (!strcmp(a, "--mem")) {
+      NEEDV();
+      if (!parse_size(v, &o->mem) || o->mem < 1) return bad("--mem", v);
+    } else if (!strcmp(a, "--reps")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1 || tmp[0] > 256) return bad("--reps", v);
+      o->reps = (int)tmp[0]; o->reps_set = 1;
+    } else if (!strcmp(a, "--trials")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1 || tmp[0] > 1024) return bad("--trials", v);
+      o->trials = (int)tmp[0]; sf->trials = 1;
+    } else if (!strcmp(a, "--seed")) {
+      NEEDV();
+      o->seed = strtoull(v, NULL, 10);
+    } else if (!strcmp(a, "--threads")) {
+      NEEDV();
+      if ((n = parse_ints(v, o->threads, MAXL)) <= 0) return bad("--threads", v);
+      for (k = 0; k < n; k++) if (o->threads[k] < 1 || o->threads[k] > 1024) return bad("--threads", v);
+      o->n_threads = n; sf->threads = 1;
+    } else if (!strcmp(a, "--block-sizes")) {
+      NEEDV();
+      if ((n = parse_ints(v, o->bs, MAXL)) <= 0) return bad("--block-sizes", v);
+      for (k = 0; k < n; k++) if (o->bs[k] < 1 || o->bs[k] > (1L << 20)) return bad("--block-sizes", v);
+      o->n_bs = n; sf->bs = 1;
+    } else if (!strcmp(a, "--shape")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 3) != 3 || tmp[0] < 1 || tmp[1] < 1 || tmp[2] < 2 || tmp[0] % tmp[1] || tmp[2] > 1024 ||
+          tmp[0] > 1024)
+        return bad("--shape (H,G,D with H %% G == 0)", v);
+      o->H = (int)tmp[0]; o->G = (int)tmp[1]; o->D = (int)tmp[2];
+    } else if (!strcmp(a, "--prefill")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 2) != 2 || tmp[0] < 1 || tmp[1] < tmp[0]) return bad("--prefill (N,CTX, N <= CTX)", v);
+      o->prefill_nq = (int)tmp[0]; o->prefill_ctx = (int)tmp[1]; o->prefill_set = 1;
+    } else if (!strcmp(a, "--bw-mib") || !strcmp(a, "--flush-mib")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1 || tmp[0] > 65536) return bad(a, v);
+      if (a[2] == 'b') o->bw_bytes = (double)tmp[0] * MiB;
+      else o->flush_bytes = (double)tmp[0] * MiB;
+    } else if (!strcmp(a, "--out")) {
+      NEEDV();
+      o->out_dir = v;
+    } else if (!strcmp(a, "--modes")) {
+      char buf[64], *tok, *save = NULL;
+      NEEDV();
+      o->cold = o->warm = 0;
+      snprintf(buf, sizeof buf, "%s", v);
+      for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(tok, "cold")) o->cold = 1;
+        else if (!strcmp(tok, "warm")) o->warm = 1;
+        else return bad("--modes", v);
+      }
+      o->modes_set = 1;
+    } else if (!strcmp(a, "--dtypes")) {
+      char buf[128], *tok, *save = NULL;
+      NEEDV();
+      o->n_dtypes = 0;
+      snprintf(buf, sizeof buf, "%s", v);
+      for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        if (o->n_dtypes >= 8 || !parse_dtype(tok, &o->dtypes[o->n_dtypes++])) return bad("--dtypes", v);
+      sf->dtypes = 1;
+    } else if (!strcmp(a, "--variants")) {
+      char buf[64], *tok, *save = NULL;
+      NEEDV();
+      o->n_variants = 0;
+      snprintf(buf, sizeof buf, "%s", v);
+      for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (k = 0; k < NVARIANT; k++) {
+          char lo[8];
+          int z;
+          for (z = 0; variant_name[k][z]; z++) lo[z] = (char)tolower((unsigned char)variant_name[k][z]);
+          lo[z] = 0;
+          if (!strcmp(tok, lo) || !strcmp(tok, variant_name[k])) found = k;
+        }
+        if (found < 0 || o->n_variants >= NVARIANT) return bad("--variants", v);
+        o->variants[o->n_variants++] = found;
+      }
+      sf->variants = 1;
+    } else if (!strcmp(a, "--model")) {
+      model *mo;
+      const model *p;
+      NEEDV();
+      if (o->n_models >= 32) return bad("--model (too many)", v);
+      mo = &o->models[o->n_models];
+      if ((p = preset(v)) != NULL) *mo = *p;
+      else {
+        n = parse_ints(v, tmp, 6);
+        if ((n != 4 && n != 6) || tmp[0] < 1 || tmp[1] < 1 || tmp[2] < 1 || tmp[3] < 2 || tmp[1] % tmp[2] ||
+            tmp[0] > 4096 || tmp[1] > 65536 || tmp[3] > 65536)
+          return bad("--model (a preset name or L,H,G,D[,LATENT,ROPE] with H % G == 0)", v);
+        memset(mo, 0, sizeof *mo);
+        snprintf(mo->name, sizeof mo->name, "custom %ld,%ld,%ld,%ld", tmp[0], tmp[1], tmp[2], tmp[3]);
+        mo->L = (int)tmp[0]; mo->H = (int)tmp[1]; mo->G = (int)tmp[2]; mo->D = (int)tmp[3];
+        mo->native = tmp[2] == tmp[1] ? V_MHA : tmp[2] == 1 ? V_MQA : V_GQA;
+        if (n == 6) {
+          if (tmp[4] < 1 || tmp[5] < 0) return bad("--model MLA dims", v);
+          mo->latent = (int)tmp[4]; mo->rope = (int)tmp[5];
+        }
+      }
+      o->n_models++; sf->models = 1;
+    } else return bad("option", a);
+#undef NEEDV
+  }
+  return 0;
+}
+
+/* defaults that depend on the subcommand */
+static void defaults_for(opts *o, const set_flags *sf, const char *cmd) {
+  int k;
+  o->cmd = cmd;
+  if (!sf->ctx) {
+    static const long mem_ctx[] = {131072}, speed_ctx[] = {4096, 32768}, quick_ctx[] = {1024, 4096},
+                      q_ctx[] = {4096}, qq_ctx[] = {1024},
+                      plot_ctx[] = {1024, 2048, 4096, 8192, 16384, 32768}, plotq_ctx[] = {1024, 2048, 4096};
+    const long *src = speed_ctx;
+    int n = 2;
+    if (!strcmp(cmd, "memory")) { src = mem_ctx; n = 1; }
+    else if (!strcmp(cmd, "quality")) { src = o->quick ? qq_ctx : q_ctx; n = 1; }
+    else if (!strcmp(cmd, "plot-data")) { src = o->quick ? plotq_ctx : plot_ctx; n = o->quick ? 3 : 6; }
+    else if (o->quick) src = quick_ctx;
+    for (k = 0; k < n; k++) o->ctx[k] = src[k];
+    o->n_ctx = n;
+  }
+  if (!sf->dtypes) {
+    static const kva_dtype speed_dt[] = {KVA_F16, KVA_BF16, KVA_F32},
+                           q_dt[] = {KVA_F16, KVA_BF16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2},
+                           paged_dt[] = {KVA_F16, KVA_F32};
+    const kva_dtype *src = speed_dt;
+    int n = 3;
+    if (!strcmp(cmd, "memory")) { src = all_dtypes; n = 6; }
+    else if (!strcmp(cmd, "summary")) n = 1;
+    else if (!strcmp(cmd, "quality")) { src = q_dt; n = 5; }
+    else if (!strcmp(cmd, "paged")) { src = paged_dt; n = 2; }
+    for (k = 0; k < n; k++) o->dtypes[k] = src[k];
+    o->n_dtypes = n;
+  }
+  if (!sf->variants) {
+    if (!strcmp(cmd, "quality")) { o->variants[0] = V_GQA; o->variants[1] = V_MLA; o->n_variants = 2; }
+    else if (!strcmp(cmd, "paged")) { o->variants[0] = V_GQA; o->n_variants = 1; }
+    else {
+      for (k = 0; k < NVARIANT; k++) o->variants[k] = k;
+      o->n_variants = NVARIANT;
+    }
+  }
+  if (!sf->threads) {
+    o->threads[0] = 1;
+    o->n_threads = 1;
+    if (!strcmp(cmd, "speed") && max_threads() > 1) { o->threads[1] = max_threads(); o->n_threads = 2; }
+  }
+  if (!o->modes_set) {
+    o->cold = 1;
+    o->warm = !strcmp(cmd, "speed") || !strcmp(cmd, "paged");
+  }
+  if (!sf->bs) {
+    static const long b[] = {1, 4, 16, 64, 256};
+    for (k = 0; k < 5; k++) o->bs[k] = b[k];
+    o->n_bs = 5;
+  }
+  if (!sf->models) {
+    for (k = 0; k < NPRESET; k++) o->models[k] = presets[k];
+    o->n_models = NPRESET;
+  }
+  if (o->quick) {
+    if (!o->prefill_set) { o->prefill_nq = 128; o->prefill_ctx = 1024; }
+    if (!o->reps_set) o->reps = 2;
+    if (!sf->trials) o->trials = 2;
+  }
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  set_flags sf;
+  machine m;
+  int rc, need_machine;
+  const char *cmd;
+  FILE *outf = NULL;
+  char path[1024];
+  g_out = stdout;
+  if ((rc = parse_args(argc, argv, &o, &sf)) != 0) return rc;
+  cmd = o.cmd;
+  if (!strcmp(cmd, "plot-data")) {
+    if (g_fmt == OUT_TABLE) g_fmt = OUT_CSV;
+    if (o.out_dir) {
+      snprintf(path, sizeof path, "%s/bench.csv", o.out_dir);
+      if (!(outf = fopen(path, "w"))) {
+        fprintf(stderr, "kvattn_bench: cannot write %s\n", path);
+        return 2;
+      }
+      g_out = outf;
+    }
+  }
+  if (o.quick) {
+    if (o.bw_bytes > 256 * MiB) o.bw_bytes = 256 * MiB;
+    if (o.flush_bytes > 128 * MiB) o.flush_bytes = 128 * MiB;
+  }
+  if (g_fmt == OUT_CSV) csv_header();
+  else if (g_fmt == OUT_JSON) {
+    fprintf(g_out, "{\"tool\": \"kvattn_bench\", \"bench_version\": \"%s\", \"kvattn_version\": \"%s\", "
+                   "\"simd\": \"%s\", \"subcommand\": \"%s\", \"rows\": [",
+            BENCH_VERSION, KVATTN_VERSION_STRING, kva_simd_name(), cmd);
+  }
+  text("kvattn_bench %s: kvattn %s, kernels %s, %d OpenMP thread(s)\n", cmd, KVATTN_VERSION_STRING, kva_simd_name(),
+       max_threads());
+
+  need_machine = strcmp(cmd, "memory") != 0 && strcmp(cmd, "quality") != 0;
+
+  if (!strcmp(cmd, "memory") || !strcmp(cmd, "summary") || !strcmp(cmd, "all")) {
+    defaults_for(&o, &sf, "memory");
+    cmd_memory(&o);
+  } else if (!strcmp(cmd, "plot-data")) {
+    defaults_for(&o, &sf, "memory");
+    memory_curve(&o);
+  }
+  if (need_machine) {
+    size_t i;
+    defaults_for(&o, &sf, !strcmp(cmd, "all") ? "speed" : cmd);
+    g_flush_n = (size_t)(o.flush_bytes / sizeof(float)) / 64 * 64;
+    g_flush = (float *)xalloc(g_flush_n * sizeof(float));
+    for (i = 0; i < g_flush_n; i++) g_flush[i] = 1.0f;
+    pool_init(o.seed);
+    machine_measure(&m, &o, o.threads, o.n_threads);
+  }
+  if (!strcmp(cmd, "summary")) {
+    rows t = {0};
+    defaults_for(&o, &sf, "summary");
+    run_decode(&o, &m, &t);
+    print_decode(&t, "Decode summary: one query token over an F16 cache (H=32 G=8 D=128 and its MHA/MQA/MLA\n"
+                     "  variants), 1 thread, cold caches; /BW = KV bytes per second over the read bandwidth above\n"
+                     "  (`kvattn_bench speed` for dtypes, threads, warm caches, prefill; --help for all)");
+    emit_rows(&t);
+    rows_free(&t);
+  } else if (!strcmp(cmd, "speed") || !strcmp(cmd, "all")) {
+    defaults_for(&o, &sf, "speed");
+    cmd_speed(&o, &m);
+  } else if (!strcmp(cmd, "plot-data")) {
+    rows t = {0};
+    defaults_for(&o, &sf, "plot-data");
+    if (!sf.dtypes) { o.dtypes[0] = KVA_F16; o.dtypes[1] = KVA_BF16; o.dtypes[2] = KVA_F32; o.n_dtypes = 3; }
+    if (!o.reps_set) o.reps = o.quick ? 2 : 3;
+    run_decode(&o, &m, &t);
+    emit_rows(&t);
+    rows_free(&t);
+  }
+  if (!strcmp(cmd, "quality") || !strcmp(cmd, "all")) {
+    defaults_for(&o, &sf, "quality");
+    cmd_quality(&o);
+  }
+  if (!strcmp(cmd, "paged") || !strcmp(cmd, "all")) {
+    defaults_for(&o, &sf, "paged");
+    cmd_paged(&o, &m);
+  }
+
+  if (g_fmt == OUT_JSON) fprintf(g_out, "\n]}\n");
+  text("\n%s\n", g_failed ? "SOME CHECKS FAILED (see FAIL / ERROR / MISMATCH above)" : "all checks passed");
+  if (outf) {
+    fclose(outf);
+    fprintf(stderr, "wrote %s\n", path);
+    if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+      char cmdline[3000];
+      snprintf(cmdline, sizeof cmdline, "gnuplot -e \"datafile='%s'; outdir='%s'\" bench/plot.gp", path, o.out_dir);
+      fprintf(stderr, "%s\n", cmdline);
+      if (system(cmdline) != 0) fprintf(stderr, "gnuplot failed (run it from the project root)\n");
+    } else fprintf(stderr, "gnuplot not found: apt-get install gnuplot-nox, then run bench/plot.gp\n");
+  }
+  free(g_flush);
+  free(g_pool);
+  return g_failed ? 1 : 0;
+}

@@ -1,0 +1,161 @@
+/* harness.h - a tiny test harness for the kvattn test suite.
+ *
+ * C99 and C++11 clean (-Wall -Wextra -Werror -pedantic): no VLAs, casts on
+ * every allocation, everything `static inline` so unused helpers do not warn.
+ *
+ * Counters live in test_main.c.  A "test" is whatever a kt_begin() call names;
+ * failures print at most KT_MAX_FAIL_PRINTS lines per test, passes print
+ * nothing.  kt_quick (env KVA_TEST_QUICK=1, for qemu) asks every section to
+ * scale its iteration counts down about 10x: use kt_iters(). */
+#ifndef KVATTN_TEST_HARNESS_H
+#define KVATTN_TEST_HARNESS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern int kt_pass, kt_fail, kt_quick;
+extern int kt_fail_prints;        /* failures printed in the current test */
+extern const char *kt_test_name;  /* the current test, for failure lines */
+
+#define KT_MAX_FAIL_PRINTS 20
+
+static inline void kt_begin(const char *name) {
+  kt_test_name = name;
+  kt_fail_prints = 0;
+}
+
+/* Counts a failure; returns 1 when its message should be printed (the
+   "FAIL file:line [test]: " prefix is already out). */
+static inline int kt_fail_here(const char *file, int line) {
+  kt_fail++;
+  if (kt_fail_prints < KT_MAX_FAIL_PRINTS) {
+    kt_fail_prints++;
+    printf("FAIL %s:%d [%s]: ", file, line, kt_test_name ? kt_test_name : "?");
+    return 1;
+  }
+  if (kt_fail_prints == KT_MAX_FAIL_PRINTS) {
+    kt_fail_prints++;
+    printf("FAIL %s:%d [%s]: (further failures of this test not printed)\n", file,
+           line, kt_test_name ? kt_test_name : "?");
+  }
+  return 0;
+}
+
+/* KT_CHECK(cond, "printf format", args...) */
+#define KT_CHECK(cond, ...)                              \
+  do {                                                   \
+    if (cond) {                                          \
+      kt_pass++;                                         \
+    } else if (kt_fail_here(__FILE__, __LINE__)) {       \
+      printf(__VA_ARGS__);                               \
+      printf("\n");                                      \
+      fflush(stdout);                                    \
+    }                                                    \
+  } while (0)
+
+/* |a - b| <= tol; NaN never passes. */
+#define KT_NEAR(a, b, tol)                                                     \
+  KT_CHECK(fabs((double)(a) - (double)(b)) <= (double)(tol),                   \
+           "%s = %.9g vs %s = %.9g (|diff| %.3g > tol %.3g)", #a, (double)(a), \
+           #b, (double)(b), fabs((double)(a) - (double)(b)), (double)(tol))
+
+/* Status equality with readable names. */
+#define KT_STATUS(got, want)                                              \
+  do {                                                                    \
+    int kt_g_ = (int)(got), kt_w_ = (int)(want);                          \
+    KT_CHECK(kt_g_ == kt_w_, "%s returned %d, expected %d", #got, kt_g_, \
+             kt_w_);                                                      \
+  } while (0)
+
+/* ---- iteration scaling for emulated runs ---- */
+static inline int kt_iters(int n) {
+  if (!kt_quick) return n;
+  n = (n + 9) / 10;
+  return n < 1 ? 1 : n;
+}
+
+/* ---- memory ---- */
+static inline void *kt_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "kvattn tests: out of memory (%lu bytes)\n", (unsigned long)n);
+    exit(2);
+  }
+  return p;
+}
+#define KT_ALLOC(type, count) ((type *)kt_xmalloc(sizeof(type) * (size_t)(count)))
+
+/* ---- deterministic RNG: splitmix64 ---- */
+typedef struct {
+  uint64_t s;
+} kt_rng;
+
+static inline void kt_seed(kt_rng *r, uint64_t seed) { r->s = seed ^ 0x5DEECE66DULL; }
+
+static inline uint64_t kt_next(kt_rng *r) {
+  uint64_t z = (r->s += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+static inline uint32_t kt_u32(kt_rng *r) { return (uint32_t)(kt_next(r) >> 32); }
+
+/* uniform in [0, 1) */
+static inline double kt_unit(kt_rng *r) {
+  return (double)(kt_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* uniform float in [lo, hi) (up to rounding) */
+static inline float kt_uniform(kt_rng *r, float lo, float hi) {
+  return (float)((double)lo + ((double)hi - (double)lo) * kt_unit(r));
+}
+
+/* uniform int in [lo, hi], inclusive */
+static inline int kt_int(kt_rng *r, int lo, int hi) {
+  if (hi <= lo) return lo;
+  return lo + (int)(kt_next(r) % (uint64_t)((int64_t)hi - lo + 1));
+}
+
+/* one of n ints */
+static inline int kt_pick(kt_rng *r, const int *vals, int n) { return vals[kt_int(r, 0, n - 1)]; }
+
+static inline void kt_fill(kt_rng *r, float *x, size_t n, float lo, float hi) {
+  size_t i;
+  for (i = 0; i < n; i++) x[i] = kt_uniform(r, lo, hi);
+}
+
+/* ---- float bits ---- */
+static inline uint32_t kt_f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static inline float kt_u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* bitwise equality of float arrays (so NaN payloads and -0 count) */
+static inline int kt_same_bits(const float *a, const float *b, size_t n) {
+  return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* A recognisable sentinel for "unchanged on error" checks. */
+#define KT_SENTINEL (-12345.678f)
+static inline void kt_fill_sentinel(float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) x[i] = KT_SENTINEL;
+}
+static inline int kt_all_sentinel(const float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++)
+    if (kt_f2u(x[i]) != kt_f2u(KT_SENTINEL)) return 0;
+  return 1;
+}
+
+#endif /* KVATTN_TEST_HARNESS_H */
