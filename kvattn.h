@@ -1013,6 +1013,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   float *acc[KVA__MAXROWS];
   int32_t qp[KVA__MAXROWS], kpos[KVA__TILE], qmin = INT32_MAX, qmax = INT32_MIN, kmin, kmax;
   const void *krows[KVA__TILE], *vrows[KVA__TILE];
+  size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
   int t, j0, j, rb;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
@@ -1031,7 +1032,15 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
     if (kmin > qmax) continue; /* every key is in every row's future */
     if (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) continue;
-    kva__prefetch_rows(vrows, nk, (size_t)P->DV * kva__dtype_size(w->vt));
+    if (j0 == 0) kva__prefetch_rows(vrows, nk, vbytes);
+    if (j0 + KVA__TILE < n_kv) { /* the next tile's rows load while this one computes */
+      int nn = n_kv - j0 - KVA__TILE < KVA__TILE ? n_kv - j0 - KVA__TILE : KVA__TILE;
+      const void *kn[KVA__TILE], *vn[KVA__TILE];
+      int32_t pn[KVA__TILE], a_, b_;
+      kva__view_fill(w, g, j0 + KVA__TILE, nn, kn, vn, pn, &a_, &b_);
+      kva__prefetch_rows(kn, nn, kbytes);
+      kva__prefetch_rows(vn, nn, vbytes);
+    }
     all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
