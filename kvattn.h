@@ -858,16 +858,17 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
    all-zero row gives scale 0 and codes 0. Non-finite inputs: NaN stores 0,
    +-Inf stores +-127 with the scale of the finite values. */
 static inline void kva__quantize_i8(int8_t *dst, const float *src, int n) {
-  float amax = 0.0f, scale, inv;
+  float amax = 0.0f, scale;
+  double inv; /* in double: 127 / amax overflows float for subnormal amax */
   int i;
   for (i = 0; i < n; i++) {
     float a = fabsf(src[i]);
     if (a > amax && a <= FLT_MAX) amax = a;
   }
-  scale = amax / 127.0f;
-  inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  scale = (float)((double)amax / 127.0);
+  inv = amax > 0.0f ? 127.0 / (double)amax : 0.0;
   for (i = 0; i < n; i++) {
-    float v = src[i] * inv;
+    float v = (float)((double)src[i] * inv);
     if (!(v == v)) v = 0.0f;
     v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
     dst[i] = (int8_t)(v >= 0.0f ? (int)(v + 0.5f) : -(int)(0.5f - v));
@@ -2142,10 +2143,10 @@ KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, c
   kva__seq *s;
   int t, g;
   if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0) return KVA_ERR_ARG;
-  if (n_tokens == 0) return KVA_OK;
-  if (!k || (c->kind == KVA_CACHE_KV && !v)) return KVA_ERR_ARG;
+  if (n_tokens > 0 && (!k || (c->kind == KVA_CACHE_KV && !v))) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
+  if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
   for (t = 0; t < n_tokens; t++) {
     int slot = s->len - n_tokens + t, in_block;
@@ -2191,10 +2192,10 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
   if (!c || layer < 0 || layer >= c->n_layers || n_q < 0) return KVA_ERR_ARG;
   if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
   if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
-  if (n_q == 0) return KVA_OK;
-  if (!q || !out) return KVA_ERR_ARG;
+  if (n_q > 0 && (!q || !out)) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
+  if (n_q == 0) return KVA_OK;
   if (n_q > s->last_append) return KVA_ERR_ARG;
   kva__cache_view(c, s, layer, &w);
   if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
@@ -2269,10 +2270,10 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   if (kva__attn_resolve(&L->attn, &P) != KVA_OK || L->attn.v_dim != 0) return KVA_ERR_ARG;
   if (P.G != c->G || P.D != c->D || P.DV != c->DV || c->kind != KVA_CACHE_KV) return KVA_ERR_ARG;
   if (kva__rope_check(&L->rope, P.D, &dim) != KVA_OK) return KVA_ERR_ARG;
-  if (n_tokens == 0) return KVA_OK;
-  if (!x || !y || !L->wq || !L->wk || !L->wv || !L->wo) return KVA_ERR_ARG;
+  if (!L->wq || !L->wk || !L->wv || !L->wo || (n_tokens > 0 && (!x || !y))) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
+  if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
 
   nq = (size_t)n_tokens * (size_t)P.H * (size_t)P.D;
@@ -2368,10 +2369,10 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   size_t n, need;
   kva_status st;
   if (kva__mla_check(L, c, layer) != KVA_OK || n_tokens < 0) return KVA_ERR_ARG;
-  if (n_tokens == 0) return KVA_OK;
-  if (!x || !y) return KVA_ERR_ARG;
+  if (n_tokens > 0 && (!x || !y)) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
+  if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
 
   H = L->n_heads; dl = L->d_latent; dn = L->d_nope; dr = L->d_rope; dv = L->d_v;
