@@ -1254,7 +1254,7 @@ typedef struct {
   kva_dtype dtype;                /* storage of K (and V); DEFAULT => KVA_F16 */
   kva_dtype v_dtype;              /* DEFAULT => same as dtype */
   const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
-  float k_scale, v_scale;         /* FP8 only */
+  float k_scale, v_scale;         /* FP8: required > 0 (LATENT: k_scale only); store fp8(x/scale) */
   int max_seqs;                   /* live sequences at once; 0 => 256 */
   int prefix_max_age;             /* 0 => none; else a published block unused for this many
                                      kva_seq_append calls (cache-wide) is forgotten */
@@ -1430,7 +1430,8 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     kva_dtype kt = KVA_F16, vt = KVA_F16;
     if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
     if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
-    if ((vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f)) return KVA_ERR_ARG;
+    if (d->kind == KVA_CACHE_KV && (vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f))
+      return KVA_ERR_ARG; /* LATENT stores one vector: k_scale only */
   }
 
   memset(&tmp, 0, sizeof tmp);
@@ -2353,8 +2354,8 @@ static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache 
   if (!(L->scale >= -FLT_MAX && L->scale <= FLT_MAX)) return KVA_ERR_ARG;
   if (L->q_lora_rank ? (!L->wq_a || !L->wq_b) : !L->wq) return KVA_ERR_ARG;
   if (!L->w_dkv || !L->w_uk || !L->w_uv || !L->wo || (L->d_rope > 0 && !L->w_kr)) return KVA_ERR_ARG;
-  if (L->d_rope > 0 ? kva__rope_check(&L->rope, L->d_rope, &dim) != KVA_OK : kva__rope_active(&L->rope))
-    return KVA_ERR_ARG;
+  if (L->d_rope > 0 && kva__rope_check(&L->rope, L->d_rope, &dim) != KVA_OK) return KVA_ERR_ARG;
+  /* d_rope 0: nothing rotates, whatever the rope description says */
   if (c->kind != KVA_CACHE_LATENT || c->G != 1 || c->D != L->d_latent + L->d_rope || c->DV != L->d_latent)
     return KVA_ERR_ARG;
   return KVA_OK;

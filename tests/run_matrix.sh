@@ -222,7 +222,9 @@ s_cxx() {
         run "$B/cxx/kvattn_test"
 }
 
-WARN=(-std=c99 -Wall -Wextra -Werror -pedantic -O2)
+# no -O: these steps are about the language (C99, pedantic) and are cheap at
+# -O0; flow-based warnings at -O2 are covered by the cxx step's -Werror.
+WARN=(-std=c99 -Wall -Wextra -Werror -pedantic)
 
 # warn_variants DIR COMPILER [LABEL FLAGS]... : compile the header TU and the
 # whole test program for each variant; go on past failures, list them last.
@@ -397,9 +399,12 @@ s_example() {
 }
 
 # ---------------------------------------------------------------- driver
+# Steps are registered first (ORDER: the order they are reported in), then
+# started heaviest first so that two jobs finish close together; each result
+# is printed as soon as it and every step before it in ORDER are done.
 
 ORDER=()
-declare -A SKIPMSG=()
+declare -A SKIPMSG=() FUNC=() ARG=()
 NEXT=0
 N_PASS=0
 N_FAIL=0
@@ -414,6 +419,31 @@ selected() {
         [[ $1 == $p ]] && return 0
     done
     return 1
+}
+
+# step NAME FUNCTION [ARG]: register a step
+step() {
+    selected "$1" || return 0
+    ORDER+=("$1")
+    FUNC[$1]=$2
+    ARG[$1]=${3-}
+}
+
+# skip NAME WHY: register a skipped step
+skip() {
+    selected "$1" || return 0
+    ORDER+=("$1")
+    SKIPMSG[$1]=$2
+}
+
+# rough cost, to start the long steps first
+weight() {
+    case $1 in
+        asan-ubsan*) echo 4 ;;
+        warnings-*) echo 3 ;;
+        cxx | neon | openmp | native | avx2 | scalar) echo 2 ;;
+        *) echo 1 ;;
+    esac
 }
 
 # print the finished steps at the head of ORDER, in order
@@ -442,32 +472,24 @@ flush() {
     done
 }
 
-# step NAME FUNCTION [ARGS...]: run FUNCTION in the background, log to LOGS
-step() {
+# launch NAME: run the step in the background once a job slot is free
+launch() {
     local name=$1
-    shift
-    selected "$name" || return 0
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
         wait -n
         flush
     done
-    ORDER+=("$name")
     (
         start=$SECONDS
-        ( "$@" ) >"$LOGS/$name.log" 2>&1 </dev/null
+        if [ -n "${ARG[$name]}" ]; then
+            ( "${FUNC[$name]}" "${ARG[$name]}" ) >"$LOGS/$name.log" 2>&1 </dev/null
+        else
+            ( "${FUNC[$name]}" ) >"$LOGS/$name.log" 2>&1 </dev/null
+        fi
         rc=$?
         echo "$rc $((SECONDS - start))" >"$LOGS/$name.rc.tmp" &&
             mv "$LOGS/$name.rc.tmp" "$LOGS/$name.rc"
     ) &
-    flush
-}
-
-skip() {
-    local name=$1
-    shift
-    selected "$name" || return 0
-    ORDER+=("$name")
-    SKIPMSG[$name]=$*
     flush
 }
 
@@ -489,8 +511,6 @@ cleanup() {
     exit 130
 }
 trap cleanup INT TERM
-
-echo "kvattn test matrix: $(basename "$CC") on $HOST, ${#TEST_SRCS[@]} test sources, $JOBS jobs, logs in $LOGS/"
 
 step native s_native
 step scalar s_scalar
@@ -528,6 +548,13 @@ for src in examples/*.c; do
     step "example-$(basename "$src" .c)" s_example "$src"
 done
 
+echo "kvattn test matrix: $(basename "$CC") on $HOST, ${#TEST_SRCS[@]} test sources," \
+    "${#ORDER[@]} steps, $JOBS jobs, logs in $LOGS/"
+for w in 4 3 2 1; do
+    for name in "${ORDER[@]}"; do
+        [ -z "${SKIPMSG[$name]+x}" ] && [ "$(weight "$name")" = "$w" ] && launch "$name"
+    done
+done
 wait
 flush
 
