@@ -40,6 +40,9 @@ FUZZ_CFLAGS    ?= -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined \
 FUZZ_SECONDS   ?= 60
 FUZZ_ARGS      ?=
 
+# $(BUILD) as a command path: ./build/..., or an absolute BUILD as it is
+BUILD_RUN    := $(if $(filter /%,$(BUILD)),$(BUILD),./$(BUILD))
+
 EXAMPLE_SRCS := $(wildcard examples/*.c)
 EXAMPLE_BINS := $(EXAMPLE_SRCS:examples/%.c=$(BUILD)/examples/%)
 FUZZ_SRCS    := $(wildcard tests/fuzz_*.c)
@@ -61,11 +64,11 @@ $(BUILD)/kvattn_bench: bench/kvattn_bench.c kvattn.h $(wildcard bench/*.h) | $(B
 	$(CC) $(BENCH_CFLAGS) -I. $< -o $@ -lm
 
 bench: $(BUILD)/kvattn_bench
-	./$(BUILD)/kvattn_bench $(BENCH_ARGS)
+	$(BUILD_RUN)/kvattn_bench $(BENCH_ARGS)
 
 # bench/plot.gp gets the CSV path as `datafile` and the output folder as `outdir`.
 plot: $(BUILD)/kvattn_bench
-	./$(BUILD)/kvattn_bench --csv $(BENCH_ARGS) > $(BENCH_CSV).tmp
+	$(BUILD_RUN)/kvattn_bench --csv $(BENCH_ARGS) > $(BENCH_CSV).tmp
 	@mv $(BENCH_CSV).tmp $(BENCH_CSV)
 	@echo "wrote $(BENCH_CSV)"
 	@if [ ! -f bench/plot.gp ]; then \
@@ -102,7 +105,7 @@ fuzz:
 	  mkdir -p $(BUILD)/fuzz/$$name.corpus; \
 	  seeds=; [ -d tests/fuzz_corpus/$$name ] && seeds=tests/fuzz_corpus/$$name; \
 	  echo "== $$name: $(FUZZ_SECONDS) s"; \
-	  ./$(BUILD)/fuzz/$$name -max_total_time=$(FUZZ_SECONDS) \
+	  $(BUILD_RUN)/fuzz/$$name -max_total_time=$(FUZZ_SECONDS) \
 	    -artifact_prefix=$(BUILD)/fuzz/$$name- $(FUZZ_ARGS) \
 	    $(BUILD)/fuzz/$$name.corpus $$seeds || failed=1; \
 	done; \

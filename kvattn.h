@@ -1444,7 +1444,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     vb = d->kind == KVA_CACHE_KV ? kva__row_bytes(vt, d->v_dim ? d->v_dim : d->head_dim) *
                                        (size_t)d->n_kv_heads * (size_t)bs
                                  : 0;
-    block_bytes += kva__align64(kb + vb);
+    block_bytes += kva__align64(kb) + kva__align64(vb); /* V starts aligned, whatever K's row size */
   }
   if (d->n_blocks) n_blocks = d->n_blocks;
   else {
@@ -1530,9 +1530,10 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     kva__layer_types(d, l, &c->kt[l], &c->vt[l]);
     c->k_row[l] = kva__row_bytes(c->kt[l], c->D);
     c->v_row[l] = c->kind == KVA_CACHE_KV ? kva__row_bytes(c->vt[l], c->DV) : c->k_row[l];
-    c->v_off[l] = c->kind == KVA_CACHE_KV ? c->k_row[l] * (size_t)c->G * (size_t)bs : 0;
-    c->layer_block[l] =
-        kva__align64(c->k_row[l] * (size_t)c->G * (size_t)bs + (c->kind == KVA_CACHE_KV ? c->v_row[l] * (size_t)c->G * (size_t)bs : 0));
+    c->v_off[l] = c->kind == KVA_CACHE_KV ? kva__align64(c->k_row[l] * (size_t)c->G * (size_t)bs) : 0;
+    c->layer_block[l] = c->kind == KVA_CACHE_KV
+                            ? c->v_off[l] + kva__align64(c->v_row[l] * (size_t)c->G * (size_t)bs)
+                            : kva__align64(c->k_row[l] * (size_t)c->G * (size_t)bs);
     c->pool[l] = raw + off;
     off += c->layer_block[l] * (size_t)n_blocks;
   }

@@ -398,6 +398,18 @@ s_example() {
         run "$BUILD/examples/$name"
 }
 
+# libFuzzer over cache operation sequences, briefly (make fuzz runs longer)
+s_fuzz() {
+    local src=$1 name
+    name=$(basename "$src" .c)
+    need_header || return 1
+    mkdir -p "$B/fuzz/$name-corpus"
+    x "$CLANG" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. -Itests "$src" \
+        -o "$B/fuzz/$name" &&
+        run "$B/fuzz/$name" -max_total_time="${FUZZ_SMOKE_SECONDS:-20}" -seed=1 -print_final_stats=1 \
+            "$B/fuzz/$name-corpus"
+}
+
 # ---------------------------------------------------------------- driver
 # Steps are registered first (ORDER: the order they are reported in), then
 # started heaviest first so that two jobs finish close together; each result
@@ -546,6 +558,14 @@ else
 fi
 for src in examples/*.c; do
     step "example-$(basename "$src" .c)" s_example "$src"
+done
+for src in tests/fuzz_*.c; do
+    if have "$CLANG" && printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; return (int)n * 0; }\n' |
+        "$CLANG" -x c -fsanitize=fuzzer - -o "$GEN/fuzz_probe" >/dev/null 2>&1; then
+        step "fuzz-$(basename "$src" .c)" s_fuzz "$src"
+    else
+        skip "fuzz-$(basename "$src" .c)" "needs clang with libFuzzer: install clang libclang-rt-14-dev"
+    fi
 done
 
 echo "kvattn test matrix: $(basename "$CC") on $HOST, ${#TEST_SRCS[@]} test sources," \

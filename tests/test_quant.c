@@ -196,8 +196,8 @@ static void q8_test_encode(const q8_fmt *f, q8_enc_fn enc, kt_rng *r) {
   int c, i, k;
   float mn = (float)f->mag[1];                          /* smallest subnormal */
   float min_normal = (float)ldexp(1.0, 1 - f->bias);    /* 2^(1-bias) */
-  long n_rand = kt_quick ? 200000L : 2000000L;
-  int n_grid = kt_quick ? (1 << 13) : (1 << 17);
+  long n_rand = kt_quick ? 500000L : 2000000L;
+  int n_grid = kt_quick ? (1 << 15) : (1 << 17);
   float special[12];
 
   /* table sanity: strictly increasing, the facts' figures */
@@ -626,6 +626,10 @@ static void qc_run_case(const qc_case *cs, kt_rng *r, int total_tokens) {
       /* attention on the quantized cache == attention over its read-back */
       n_q = kt_int(r, 1, n);
       kt_fill(r, q, (size_t)n_q * H * D, -0.5f, 0.5f);
+      /* sometimes a window (with sinks) and a softcap: same fused kernels, other masks */
+      a.window = kt_int(r, 0, 3) == 0 ? kt_int(r, 1, len) : 0;
+      a.n_sink = a.window ? kt_int(r, 0, 2) : 0;
+      a.softcap = kt_int(r, 0, 3) == 0 ? 2.5f : 0.0f;
       st = kva_attend_cache(c, seq, l, &a, q, n_q, out);
       KT_CHECK(st == KVA_OK, "%s: attend_cache -> %d", name, (int)st);
       if (st == KVA_OK) {
@@ -715,7 +719,7 @@ static void test_quant_cache(void) {
   static const kva_dtype qt[3] = {KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
   static const kva_dtype allt[6] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
   kt_rng r;
-  int i, n_cases = kt_quick ? 12 : 60;
+  int i, n_cases = kt_quick ? 30 : 60;
   kva_dtype ldt[4];
   q8_init();
   kt_seed(&r, 0xCAC8E);
@@ -750,8 +754,8 @@ static void test_quant_cache(void) {
     cs.L = kt_int(&r, 1, 3);
     cs.G = kt_int(&r, 1, 4);
     cs.H = cs.G * kt_int(&r, 1, 3);
-    cs.D = kt_pick(&r, dims, kt_quick ? 4 : 6);
-    cs.Dv = kt_int(&r, 0, 2) ? cs.D : kt_pick(&r, dims, kt_quick ? 4 : 6);
+    cs.D = kt_pick(&r, dims, 6);
+    cs.Dv = kt_int(&r, 0, 2) ? cs.D : kt_pick(&r, dims, 6);
     cs.bs = kt_pick(&r, bss, 3);
     cs.kdt = allt[kt_int(&r, 0, 5)];
     cs.vdt = (i % 3 == 0) ? KVA_DTYPE_DEFAULT : allt[kt_int(&r, 0, 5)];
@@ -764,7 +768,7 @@ static void test_quant_cache(void) {
 
   /* per-layer overrides: F16 first and last, INT8 / FP8 between */
   kt_begin("quant: cache layer_dtype");
-  for (i = 0; i < (kt_quick ? 3 : 8); i++) {
+  for (i = 0; i < 8; i++) {
     qc_case cs;
     memset(&cs, 0, sizeof cs);
     cs.kind = (i % 4 == 3) ? KVA_CACHE_LATENT : KVA_CACHE_KV;
@@ -792,7 +796,7 @@ static void test_quant_cache(void) {
   kt_begin("quant: cache LATENT");
   {
     static const int lat[6][2] = {{3, 1}, {13, 8}, {37, 32}, {64, 48}, {130, 128}, {2, 1}};
-    for (i = 0; i < (kt_quick ? 6 : 18); i++) {
+    for (i = 0; i < (kt_quick ? 12 : 18); i++) {
       qc_case cs;
       memset(&cs, 0, sizeof cs);
       cs.kind = KVA_CACHE_LATENT;
@@ -1006,11 +1010,307 @@ static void test_quant_extremes(void) {
   kva_cache_destroy(c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Quantized storage under the cache's block moves: eviction compaction
+   (WINDOW, H2O per head), fork + copy-on-write, truncate + re-append.  A
+   token's (layer, position, head) read-back must stay bit-identical to its
+   first read-back wherever its slot moves (the INT8 scale travels with the
+   codes), and attention must equal the fp64 reference over the held read-back,
+   per KV head with its own positions. */
+
+typedef struct {
+  int L, G, H, D, Dv, P; /* P: positions capacity */
+  float *fk, *fv;        /* [L][P][G][D], [L][P][G][Dv]: first read-back per position */
+  char *have;            /* [L][P][G] */
+} qd_shadow;
+
+static float *qd_k(qd_shadow *s, int l, int p, int g) {
+  return s->fk + (((size_t)l * s->P + p) * s->G + g) * s->D;
+}
+static float *qd_v(qd_shadow *s, int l, int p, int g) {
+  return s->fv + (((size_t)l * s->P + p) * s->G + g) * s->Dv;
+}
+
+/* store n new tokens of `seq` at layer l, record/check read-backs of the new
+   positions (INT8 / FP8 rules), returns 0 on a failed call */
+static int qd_store(kva_cache *c, const kva_cache_desc *d, qd_shadow *sh, int seq, int l, int n, kt_rng *r,
+                    const char *name) {
+  int G = sh->G, D = sh->D, Dv = sh->Dv, t, g, len = kva_seq_len(c, seq), p0 = kva_seq_pos(c, seq) - n;
+  float *k = KT_ALLOC(float, (size_t)n * G * D), *v = KT_ALLOC(float, (size_t)n * G * Dv);
+  float *rk = KT_ALLOC(float, (size_t)G * D), *rv = KT_ALLOC(float, (size_t)G * Dv);
+  int32_t *pos = KT_ALLOC(int32_t, G);
+  kva_dtype kt, vt;
+  kva_status st;
+  int ok = 1;
+  qc_layer_types(d, l, &kt, &vt);
+  for (t = 0; t < n; t++) {
+    qc_gen(r, k + (size_t)t * G * D, G, D, 1, 0);
+    qc_gen(r, v + (size_t)t * G * Dv, G, Dv, 0, 0);
+  }
+  st = kva_store(c, seq, l, k, v, n);
+  KT_CHECK(st == KVA_OK, "%s: store -> %d", name, (int)st);
+  if (st != KVA_OK) ok = 0;
+  /* the newest n slots hold the new positions (they were just appended) */
+  for (t = 0; ok && t < n; t++) {
+    st = kva_seq_read(c, seq, l, len - n + t, rk, rv, pos);
+    KT_CHECK(st == KVA_OK, "%s: read -> %d", name, (int)st);
+    for (g = 0; g < G; g++) {
+      int p = pos[g];
+      KT_CHECK(p == p0 + t, "%s: newest slot %d head %d has pos %d, want %d", name, len - n + t, g, p, p0 + t);
+      if (p < 0 || p >= sh->P) continue;
+      qc_check_row(kt, d->k_scale, k + ((size_t)t * G + g) * D, rk + (size_t)g * D, D, "K", l, p, g);
+      qc_check_row(vt, d->v_scale, v + ((size_t)t * G + g) * Dv, rv + (size_t)g * Dv, Dv, "V", l, p, g);
+      memcpy(qd_k(sh, l, p, g), rk + (size_t)g * D, sizeof(float) * D);
+      memcpy(qd_v(sh, l, p, g), rv + (size_t)g * Dv, sizeof(float) * Dv);
+      sh->have[((size_t)l * sh->P + p) * G + g] = 1;
+    }
+  }
+  free(k);
+  free(v);
+  free(rk);
+  free(rv);
+  free(pos);
+  return ok;
+}
+
+/* every held slot of every layer reads back as first recorded; then attention
+   at layer l for the newest n_q tokens against the per-head reference */
+static void qd_verify(kva_cache *c, qd_shadow *sh, int seq, int l_attend, int n_q, int n_threads, kt_rng *r,
+                      const char *name, const char *when) {
+  int G = sh->G, D = sh->D, Dv = sh->Dv, H = sh->H, grp = H / G, len = kva_seq_len(c, seq), ll, s, g, i, h;
+  float *rk = KT_ALLOC(float, (size_t)G * D), *rv = KT_ALLOC(float, (size_t)G * Dv);
+  int32_t *pos = KT_ALLOC(int32_t, G);
+  int32_t *kvp = KT_ALLOC(int32_t, (size_t)G * (len > 0 ? len : 1));
+  double *dk = KT_ALLOC(double, (size_t)G * (len > 0 ? len : 1) * D);
+  double *dv = KT_ALLOC(double, (size_t)G * (len > 0 ? len : 1) * Dv);
+  int *cnt = KT_ALLOC(int, G);
+  int bad = 0;
+  for (g = 0; g < G; g++) cnt[g] = 0;
+  for (ll = 0; ll < sh->L; ll++)
+    for (s = 0; s < len; s++) {
+      kva_status st = kva_seq_read(c, seq, ll, s, rk, rv, pos);
+      if (st != KVA_OK) {
+        KT_CHECK(0, "%s: read slot %d -> %d", name, s, (int)st);
+        continue;
+      }
+      for (g = 0; g < G; g++) {
+        int p = pos[g];
+        if (p < 0 || p >= sh->P || !sh->have[((size_t)ll * sh->P + p) * G + g]) {
+          bad++;
+          if (kt_fail_here(__FILE__, __LINE__)) {
+            printf("%s (%s): layer %d slot %d head %d holds unknown pos %d\n", name, when, ll, s, g, p);
+            fflush(stdout);
+          }
+          continue;
+        }
+        if (!kt_same_bits(rk + (size_t)g * D, qd_k(sh, ll, p, g), D) ||
+            !kt_same_bits(rv + (size_t)g * Dv, qd_v(sh, ll, p, g), Dv)) {
+          bad++;
+          if (kt_fail_here(__FILE__, __LINE__)) {
+            printf("%s (%s): layer %d slot %d head %d pos %d reads back differently from when it was stored "
+                   "(k[0] %g vs %g)\n",
+                   name, when, ll, s, g, p, (double)rk[(size_t)g * D], (double)qd_k(sh, ll, p, g)[0]);
+            fflush(stdout);
+          }
+        }
+        if (ll == l_attend) {
+          int j = cnt[g]++;
+          kvp[(size_t)g * len + j] = p;
+          for (i = 0; i < D; i++) dk[((size_t)g * len + j) * D + i] = rk[(size_t)g * D + i];
+          for (i = 0; i < Dv; i++) dv[((size_t)g * len + j) * Dv + i] = rv[(size_t)g * Dv + i];
+        }
+      }
+    }
+  if (!bad) kt_pass++;
+  if (n_q > 0) {
+    kva_attn a;
+    float *q = KT_ALLOC(float, (size_t)n_q * H * D), *out = KT_ALLOC(float, (size_t)n_q * H * Dv);
+    double *dq = KT_ALLOC(double, (size_t)n_q * grp * D), *dout = KT_ALLOC(double, (size_t)n_q * grp * Dv);
+    int32_t *qp = KT_ALLOC(int32_t, n_q);
+    kva_status st;
+    memset(&a, 0, sizeof a);
+    a.n_heads = H;
+    a.n_kv_heads = G;
+    a.head_dim = D;
+    a.v_dim = Dv;
+    a.n_threads = n_threads;
+    kt_fill(r, q, (size_t)n_q * H * D, -0.5f, 0.5f);
+    for (i = 0; i < n_q; i++) qp[i] = kva_seq_pos(c, seq) - n_q + i;
+    st = kva_attend_cache(c, seq, l_attend, &a, q, n_q, out);
+    KT_CHECK(st == KVA_OK, "%s: attend_cache -> %d", name, (int)st);
+    for (g = 0; st == KVA_OK && g < G; g++) {
+      kva_attn a1 = a;
+      ref_attn_cfg rc;
+      double vmax = ref_max_abs_d(dv + (size_t)g * len * Dv, (size_t)cnt[g] * Dv), worst = 0.0, want = 0, got = 0;
+      int t;
+      a1.n_heads = grp;
+      a1.n_kv_heads = 1;
+      a1.scale = 1.0f / sqrtf((float)D);
+      rc = ref_cfg(&a1);
+      rc.scale = 1.0 / sqrt((double)D);
+      for (t = 0; t < n_q; t++)
+        for (h = 0; h < grp; h++)
+          for (i = 0; i < D; i++)
+            dq[((size_t)t * grp + h) * D + i] = q[((size_t)t * H + g * grp + h) * D + i];
+      ref_attend(&rc, dq, n_q, qp, dk + (size_t)g * len * D, dv + (size_t)g * len * Dv, cnt[g],
+                 kvp + (size_t)g * len, dout, NULL);
+      for (t = 0; t < n_q; t++)
+        for (h = 0; h < grp; h++)
+          for (i = 0; i < Dv; i++) {
+            double w = dout[((size_t)t * grp + h) * Dv + i], o = out[((size_t)t * H + g * grp + h) * Dv + i];
+            double e = fabs(o - w);
+            if (!(e <= 1e300)) e = INFINITY;
+            if (e > worst) worst = e, want = w, got = o;
+          }
+      if (worst / (1.0 + vmax) > qc_worst_attn) qc_worst_attn = worst / (1.0 + vmax);
+      KT_CHECK(worst <= 2e-5 * (1.0 + vmax),
+               "%s (%s): layer %d kv head %d: attend_cache vs fp64 over held read-back: err %.3g (got %.9g want "
+               "%.9g), tol %.3g",
+               name, when, l_attend, g, worst, got, want, 2e-5 * (1.0 + vmax));
+    }
+    free(q);
+    free(out);
+    free(dq);
+    free(dout);
+    free(qp);
+  }
+  free(rk);
+  free(rv);
+  free(pos);
+  free(kvp);
+  free(dk);
+  free(dv);
+  free(cnt);
+}
+
+static void qd_shadow_init(qd_shadow *sh, int L, int G, int H, int D, int Dv, int P) {
+  sh->L = L;
+  sh->G = G;
+  sh->H = H;
+  sh->D = D;
+  sh->Dv = Dv;
+  sh->P = P;
+  sh->fk = KT_ALLOC(float, (size_t)L * P * G * D);
+  sh->fv = KT_ALLOC(float, (size_t)L * P * G * Dv);
+  sh->have = KT_ALLOC(char, (size_t)L * P * G);
+  memset(sh->have, 0, (size_t)L * P * G);
+}
+static void qd_shadow_free(qd_shadow *sh) {
+  free(sh->fk);
+  free(sh->fv);
+  free(sh->have);
+}
+static void qd_shadow_copy(qd_shadow *dst, const qd_shadow *src) {
+  qd_shadow_init(dst, src->L, src->G, src->H, src->D, src->Dv, src->P);
+  memcpy(dst->fk, src->fk, sizeof(float) * (size_t)src->L * src->P * src->G * src->D);
+  memcpy(dst->fv, src->fv, sizeof(float) * (size_t)src->L * src->P * src->G * src->Dv);
+  memcpy(dst->have, src->have, (size_t)src->L * src->P * src->G);
+}
+
+/* one step: append n (must succeed), store + verify every layer */
+static int qd_step(kva_cache *c, const kva_cache_desc *d, qd_shadow *sh, int seq, int n, int n_threads, kt_rng *r,
+                   const char *name, const char *when) {
+  int l;
+  kva_status st = kva_seq_append(c, seq, n);
+  KT_CHECK(st == KVA_OK, "%s (%s): append(%d) -> %d", name, when, n, (int)st);
+  if (st != KVA_OK) return 0;
+  for (l = 0; l < d->n_layers; l++)
+    if (!qd_store(c, d, sh, seq, l, n, r, name)) return 0;
+  for (l = 0; l < d->n_layers; l++) qd_verify(c, sh, seq, l, kt_int(r, 1, n), n_threads, r, name, when);
+  return 1;
+}
+
+static void test_quant_moves(void) {
+  static const kva_dtype types[5] = {KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2, KVA_INT8, KVA_F16};
+  static const int dims[5] = {1, 3, 13, 37, 64};
+  kt_rng r;
+  int it, n_it = kt_quick ? 24 : 36;
+  q8_init();
+  kt_seed(&r, 0xE71C7);
+  kt_begin("quant: eviction / fork / truncate keep quantized tokens intact");
+  for (it = 0; it < n_it; it++) {
+    kva_cache_desc d;
+    kva_cache *c = NULL;
+    qd_shadow sh;
+    char name[200];
+    int mode = it % 4, seq = -1, step, G = kt_int(&r, 1, 3), H = G * kt_int(&r, 1, 2), D = dims[it % 5];
+    int Dv = (it % 3 == 0) ? dims[(it + 1) % 5] : D, bs = (it % 3 == 0) ? 1 : (it % 3 == 1) ? 3 : 16;
+    int n_threads = it % 2, P = 80;
+    kva_status st;
+    memset(&d, 0, sizeof d);
+    d.kind = KVA_CACHE_KV;
+    d.n_layers = 2;
+    d.n_kv_heads = G;
+    d.head_dim = D;
+    d.v_dim = Dv;
+    d.block_size = bs;
+    d.n_blocks = 2 * P / bs + 8;
+    d.dtype = types[it % 5];
+    d.v_dtype = types[(it / 5 + 1) % 3];
+    d.k_scale = 0.125f;
+    d.v_scale = 0.25f;
+    snprintf(name, sizeof name, "%s G%d H%d D%d Dv%d bs%d k=%s v=%s",
+             mode == 0 ? "evict window" : mode == 1 ? "evict h2o" : mode == 2 ? "fork" : "truncate", G, H, D, Dv,
+             bs, qc_tname(d.dtype), qc_tname(d.v_dtype));
+    st = kva_cache_create(&d, &c);
+    KT_CHECK(st == KVA_OK, "%s: create -> %d", name, (int)st);
+    if (st != KVA_OK) continue;
+    KT_STATUS(kva_seq_new(c, &seq), KVA_OK);
+    qd_shadow_init(&sh, 2, G, H, D, Dv, P);
+    if (mode <= 1) {
+      kva_evict e;
+      memset(&e, 0, sizeof e);
+      e.kind = mode == 0 ? KVA_EVICT_WINDOW : KVA_EVICT_H2O;
+      e.budget = kt_int(&r, 4, 12);
+      e.n_sink = kt_int(&r, 0, 2);
+      e.n_recent = mode == 1 ? kt_int(&r, 1, 3) : 0;
+      KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_OK);
+      for (step = 0; step < 14 && kva_seq_pos(c, seq) < P - 8; step++)
+        if (!qd_step(c, &d, &sh, seq, step == 0 ? kt_int(&r, 1, 6) : kt_int(&r, 1, 3), n_threads, &r, name,
+                     "after eviction"))
+          break;
+    } else if (mode == 2) {
+      int child = -1, n0 = kt_int(&r, 1, 2 * bs + 2);
+      qd_shadow sc;
+      if (qd_step(c, &d, &sh, seq, n0, n_threads, &r, name, "before fork")) {
+        KT_STATUS(kva_seq_fork(c, seq, &child), KVA_OK);
+        qd_shadow_copy(&sc, &sh);
+        for (step = 0; step < 3; step++) {
+          int n1 = kt_int(&r, 1, bs + 1), n2 = kt_int(&r, 1, bs + 1);
+          if (!qd_step(c, &d, &sc, child, n1, n_threads, &r, name, "child after fork")) break;
+          if (!qd_step(c, &d, &sh, seq, n2, n_threads, &r, name, "parent after fork")) break;
+          /* the child's tokens are still intact after the parent's writes */
+          qd_verify(c, &sc, child, step % 2, 0, n_threads, &r, name, "child after parent's write");
+        }
+        qd_shadow_free(&sc);
+      }
+    } else {
+      int n0 = kt_int(&r, 2, 3 * bs + 3), keep;
+      if (qd_step(c, &d, &sh, seq, n0, n_threads, &r, name, "before truncate")) {
+        keep = kt_int(&r, 0, n0 - 1);
+        KT_STATUS(kva_seq_truncate(c, seq, keep), KVA_OK);
+        /* positions >= keep get new tokens: forget their old read-backs */
+        {
+          int l, p, g;
+          for (l = 0; l < 2; l++)
+            for (p = keep; p < P; p++)
+              for (g = 0; g < G; g++) sh.have[((size_t)l * P + p) * G + g] = 0;
+        }
+        for (step = 0; step < 3; step++)
+          if (!qd_step(c, &d, &sh, seq, kt_int(&r, 1, bs + 2), n_threads, &r, name, "after truncate")) break;
+      }
+    }
+    qd_shadow_free(&sh);
+    kva_cache_destroy(c);
+  }
+}
+
 void test_quant(void) {
   test_quant_conversions();
   test_quant_desc();
   test_quant_extremes();
   test_quant_cache();
+  test_quant_moves();
   if (getenv("KVA_TEST_VERBOSE"))
     fprintf(stderr, "  quant: %ld fp8 encodes checked; worst int8 |err|/s %.6f; worst attn err/(1+max|v|) %.3g\n",
             q8_n_checked, qc_worst_int8, qc_worst_attn);
