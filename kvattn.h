@@ -1130,6 +1130,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
   /* with key scores, one item per KV head: its chunks add to the same keys */
   int per_item = w->key_scores ? chunks : 1;
   int items = P->G * (chunks / per_item), it, nt = kva__threads(n_threads);
+  if (nt > items) nt = items; /* no idle team members (MQA / MLA decode is one item) */
   (void)nt;
   KVA__OMP_FOR(nt)
   for (it = 0; it < items; it++) {

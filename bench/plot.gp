@@ -12,7 +12,7 @@
 #                          the dashed line is the --mem budget
 #   outdir/decode.png      decode time per call against context for each variant (f16, 1 thread,
 #                          cold caches) with the DRAM floor (KV bytes / measured bandwidth, dashed)
-#                          (left); GQA's KV GB/s per dtype against the measured bandwidth (right)
+#                          (left); GQA's KV GB/s per dtype (f16, bf16, f32) against the measured bandwidth (right)
 
 if (!exists("datafile")) datafile = "build/bench.csv"
 if (!exists("outdir")) outdir = "build"
@@ -74,14 +74,14 @@ plot datafile using (dec("MHA", "f16") ? column("ctx") : NaN):(dec("MHA", "f16")
      "" using (dec("MLA", "f16") ? column("ctx") : NaN):(dec("MLA", "f16") ? 1e3 * column("time_med_s") : NaN) smooth unique with linespoints lw 2 pt 9 lc 4 title "MLA", \
      "" using (dec("MLA", "f16") ? column("ctx") : NaN):(dec("MLA", "f16") ? 1e3 * column("kv_bytes") / column("bw_gbps") / 1e9 : NaN) smooth unique with lines dt 2 lc 4 notitle
 unset logscale y
-set key bottom right
+set key below horizontal
+set bmargin 6
 set ylabel "KV GB/s"
 set yrange [0:*]
 set title "GQA: KV bytes read per second against the measured read bandwidth"
 plot datafile using (dec("GQA", "f16") ? column("ctx") : NaN):(dec("GQA", "f16") ? column("gbps") : NaN) smooth unique with linespoints lw 2 pt 5 lc 2 title "f16", \
      "" using (dec("GQA", "bf16") ? column("ctx") : NaN):(dec("GQA", "bf16") ? column("gbps") : NaN) smooth unique with linespoints lw 2 pt 9 lc 6 title "bf16", \
      "" using (dec("GQA", "f32") ? column("ctx") : NaN):(dec("GQA", "f32") ? column("gbps") : NaN) smooth unique with linespoints lw 2 pt 7 lc 7 title "f32", \
-     "" using (dec("GQA", "int8") ? column("ctx") : NaN):(dec("GQA", "int8") ? column("gbps") : NaN) smooth unique with linespoints lw 2 pt 11 lc 8 title "int8", \
      "" using (dec("GQA", "f16") ? column("ctx") : NaN):(dec("GQA", "f16") ? column("bw_gbps") : NaN) smooth unique with lines dt 2 lw 2 lc rgb "black" title "read bandwidth (1 thread)"
 unset multiplot
 print "wrote " . outdir . "/kv_memory.png and " . outdir . "/decode.png"

@@ -745,6 +745,27 @@ static void test_quant_cache(void) {
     qc_run_case(&cs, &r, kt_quick ? 2 * bs + 5 : 3 * bs + 9);
   }
 
+  /* every 1-byte K type with every 2/4-byte V type and back, odd row sizes
+     (V rows then start at odd byte offsets unless the layout pads them) */
+  kt_begin("quant: cache KV, K/V dtype grid");
+  for (i = 0; i < 6 * 6; i++) {
+    qc_case cs;
+    memset(&cs, 0, sizeof cs);
+    cs.kind = KVA_CACHE_KV;
+    cs.L = 1;
+    cs.G = 1 + i % 2;
+    cs.H = cs.G * 2;
+    cs.D = (i % 3 == 0) ? 3 : (i % 3 == 1) ? 13 : 1;
+    cs.Dv = (i % 2) ? cs.D : 5;
+    cs.bs = (i % 4 == 0) ? 3 : 1;
+    cs.kdt = allt[i / 6];
+    cs.vdt = allt[i % 6];
+    cs.ks = 0.25f;
+    cs.vs = 0.5f;
+    cs.n_threads = 1;
+    qc_run_case(&cs, &r, 7);
+  }
+
   /* K one type, V another (any of the six), random shapes */
   kt_begin("quant: cache KV, mixed K/V dtypes");
   for (i = 0; i < n_cases; i++) {
