@@ -830,7 +830,9 @@ static void test_quant_cache(void) {
       cs.kdt = qt[i % 3];
       cs.vdt = KVA_DTYPE_DEFAULT;
       cs.ks = qc_scale_for(cs.kdt, &r);
-      cs.vs = cs.ks; /* API.md leaves the latent's v_scale open: keep them equal here */
+      /* the latent vector (V included) uses k_scale; v_scale is ignored (a1480e8's
+         "LATENT FP8 needs only k_scale"): 0 or a different value must not matter */
+      cs.vs = (i % 3 == 0) ? 0.0f : cs.ks * 3.0f;
       cs.n_threads = i % 2;
       qc_run_case(&cs, &r, kt_quick ? 10 : 25);
     }
@@ -916,6 +918,29 @@ static void test_quant_desc(void) {
   c = NULL;
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
   if (c) kva_cache_destroy(c);
+
+  /* LATENT: one vector, one scale (k_scale) */
+  {
+    kva_cache_desc dl;
+    memset(&dl, 0, sizeof dl);
+    dl.kind = KVA_CACHE_LATENT;
+    dl.n_layers = 1;
+    dl.n_kv_heads = 1;
+    dl.head_dim = 9;
+    dl.v_dim = 8;
+    dl.n_blocks = 4;
+    dl.dtype = KVA_FP8_E4M3;
+    dl.k_scale = 0.5f;
+    dl.v_scale = 0.0f;
+    c = NULL;
+    KT_STATUS(kva_cache_create(&dl, &c), KVA_OK);
+    if (c) kva_cache_destroy(c);
+    dl.k_scale = 0.0f;
+    dl.v_scale = 1.0f;
+    c = NULL;
+    KT_CHECK(kva_cache_create(&dl, &c) == KVA_ERR_ARG, "LATENT FP8 with k_scale 0 accepted");
+    if (c) kva_cache_destroy(c);
+  }
 
   /* bytes per token: explicit figures (Llama-3-8B shape) */
   kt_begin("quant: bytes per token");
