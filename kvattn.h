@@ -1433,6 +1433,10 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
     if (d->kind == KVA_CACHE_KV && (vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f))
       return KVA_ERR_ARG; /* LATENT stores one vector: k_scale only */
+    /* E4M3 folds x256 into its scale inside the kernels: that must stay finite */
+    if ((kt == KVA_FP8_E4M3 && d->k_scale > FLT_MAX / 512.0f) ||
+        (d->kind == KVA_CACHE_KV && vt == KVA_FP8_E4M3 && d->v_scale > FLT_MAX / 512.0f))
+      return KVA_ERR_UNSUPPORTED;
   }
 
   memset(&tmp, 0, sizeof tmp);
