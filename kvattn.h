@@ -1737,6 +1737,15 @@ static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
   }
 }
 
+/* Give sequence s its own copy of its i-th block (the pool has one to spare). */
+static inline void kva__copy_on_write(kva_cache *c, kva__seq *s, int i) {
+  int32_t old = s->table[i], b = kva__block_take(c);
+  kva__copy_block(c, b, old);
+  kva__block_release(c, old);
+  s->table[i] = b;
+  c->cow_copies++;
+}
+
 /* Forget cached blocks unused for prefix_max_age appends (LRU order = age order). */
 static inline void kva__prefix_expire(kva_cache *c) {
   while (c->prefix_max_age > 0 && c->n_cached > 0) {
@@ -1949,15 +1958,8 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__prefix_expire(c);
   zero_scores = e->kind == KVA_EVICT_H2O && s->evict.kind != KVA_EVICT_H2O;
   s->evict = *e;
-  for (i = 0; i < pl.private_to; i++) {
-    int32_t old = s->table[i], b;
-    if (!kva__block_shared(c, old)) continue;
-    b = kva__block_take(c);
-    kva__copy_block(c, b, old);
-    kva__block_release(c, old);
-    s->table[i] = b;
-    c->cow_copies++;
-  }
+  for (i = 0; i < pl.private_to; i++)
+    if (kva__block_shared(c, s->table[i])) kva__copy_on_write(c, s, i);
   /* Scores count only attention made while H2O is the policy: on switching
      to H2O every score is 0, so this eviction goes oldest first, and the
      kept (now private) blocks are zeroed after the compaction. */
@@ -1974,14 +1976,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
     }
   while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl.n_evict;
-  if (kva__tail_needs_copy(c, s)) {
-    int ti = s->len / c->bs;
-    int32_t old = s->table[ti], b = kva__block_take(c);
-    kva__copy_block(c, b, old);
-    kva__block_release(c, old);
-    s->table[ti] = b;
-    c->cow_copies++;
-  }
+  if (kva__tail_needs_copy(c, s)) kva__copy_on_write(c, s, s->len / c->bs);
   while (s->n_blocks < kva__blocks_for(c, (long)s->len + n_tokens)) s->table[s->n_blocks++] = kva__block_take(c);
   for (i = 0; i < n_tokens; i++) {
     int slot = s->len + i, in_block;
