@@ -1413,7 +1413,8 @@ static inline void kva__list_push_back(kva_cache *c, int list, int b) {
 }
 
 KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
-  kva_cache tmp, *c;
+  kva_cache *c;
+  void *allocated; /* what free_fn / KVATTN_FREE gets back */
   size_t block_bytes = 0, off, total, pos_bytes;
   size_t o_score, o_vict, o_vflag;
   size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_blk, o_tok, o_bkt, o_seqs, o_tables, o_data;
@@ -1439,7 +1440,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
       return KVA_ERR_UNSUPPORTED;
   }
 
-  memset(&tmp, 0, sizeof tmp);
   /* per-layer block sizes, each layer's block 64-byte aligned */
   for (l = 0; l < d->n_layers; l++) {
     kva_dtype kt = KVA_F16, vt = KVA_F16;
@@ -1484,19 +1484,16 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   total = o_data + block_bytes * (size_t)n_blocks;
   if (total < o_data) return KVA_ERR_NOMEM;
 
-  if (d->alloc_fn) raw = (unsigned char *)d->alloc_fn(total, 64, d->user);
-  else {
+  if (d->alloc_fn) allocated = raw = (unsigned char *)d->alloc_fn(total, 64, d->user);
+  else { /* malloc promises less than 64-byte alignment: align by hand */
     unsigned char *r = (unsigned char *)KVATTN_MALLOC(total + 64);
-    raw = r;
-    if (r) { /* align by hand; remember the malloc pointer just before the cache */
-      raw = r + (64 - ((uintptr_t)r & 63)); /* the malloc pointer is kept in c->raw */
-      tmp.raw = r;
-    }
+    allocated = r;
+    raw = r ? r + (64 - ((uintptr_t)r & 63)) : NULL;
   }
   if (!raw) return KVA_ERR_NOMEM;
   memset(raw, 0, o_data); /* bookkeeping only: block data is zeroed as slots are appended */
   c = (kva_cache *)raw;
-  c->raw = d->alloc_fn ? (void *)raw : tmp.raw;
+  c->raw = allocated;
   c->alloc_fn = d->alloc_fn;
   c->free_fn = d->free_fn;
   c->user = d->user;
