@@ -99,11 +99,17 @@
 #define KVA_SIMD_SCALAR 0
 #define KVA_SIMD_AVX2 1
 #define KVA_SIMD_NEON 2
+#define KVA_SIMD_AVX512 3
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KVA__CAN_AVX2 1
 #else
 #define KVA__CAN_AVX2 0
+#endif
+#if KVA__CAN_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KVA__CAN_AVX512 1
+#else
+#define KVA__CAN_AVX512 0
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #define KVA__CAN_NEON 1
@@ -112,7 +118,9 @@
 #endif
 
 #ifndef KVATTN_SIMD
-#if KVA__CAN_AVX2
+#if KVA__CAN_AVX512
+#define KVATTN_SIMD KVA_SIMD_AVX512
+#elif KVA__CAN_AVX2
 #define KVATTN_SIMD KVA_SIMD_AVX2
 #elif KVA__CAN_NEON
 #define KVATTN_SIMD KVA_SIMD_NEON
@@ -126,13 +134,18 @@
 #error "KVATTN_SIMD == KVA_SIMD_AVX2 needs a compiler targeting AVX2, FMA and F16C (-mavx2 -mfma -mf16c)"
 #endif
 #include <immintrin.h>
+#elif KVATTN_SIMD == KVA_SIMD_AVX512
+#if !KVA__CAN_AVX512
+#error "KVATTN_SIMD == KVA_SIMD_AVX512 needs AVX-512 F, BW and VL besides AVX2, FMA and F16C (-march=x86-64-v4 -mf16c)"
+#endif
+#include <immintrin.h>
 #elif KVATTN_SIMD == KVA_SIMD_NEON
 #if !KVA__CAN_NEON
 #error "KVATTN_SIMD == KVA_SIMD_NEON needs a compiler targeting AArch64 NEON"
 #endif
 #include <arm_neon.h>
 #elif KVATTN_SIMD != KVA_SIMD_SCALAR
-#error "KVATTN_SIMD must be KVA_SIMD_SCALAR, KVA_SIMD_AVX2 or KVA_SIMD_NEON"
+#error "KVATTN_SIMD must be KVA_SIMD_SCALAR, KVA_SIMD_AVX2, KVA_SIMD_AVX512 or KVA_SIMD_NEON"
 #endif
 
 #if defined(_OPENMP) && !defined(KVATTN_NO_OPENMP)
@@ -195,7 +208,9 @@ KVA_API const char *kva_status_str(kva_status s) {
 }
 
 KVA_API const char *kva_simd_name(void) {
-#if KVATTN_SIMD == KVA_SIMD_AVX2
+#if KVATTN_SIMD == KVA_SIMD_AVX512
+  return "avx512";
+#elif KVATTN_SIMD == KVA_SIMD_AVX2
   return "avx2";
 #elif KVATTN_SIMD == KVA_SIMD_NEON
   return "neon";
@@ -327,6 +342,89 @@ KVA_API uint8_t kva_f32_to_e4m3(float x) { return kva__f32_to_fp8(x, 4, 3, 0x7e,
 KVA_API float kva_e5m2_to_f32(uint8_t b) { return kva_f16_to_f32((uint16_t)(b << 8)); }
 KVA_API uint8_t kva_f32_to_e5m2(float x) { return kva__f32_to_fp8(x, 5, 2, 0x7b, 0x7f); }
 
+/* An FP8 format as the vector encoders see it. Below the smallest normal,
+   |x| + 2^magic_exp rounds |x| to whole subnormal units in one float add
+   (round to nearest even, as the FPU does), and the sum's low bits are the
+   code; above it the code is the rounded, rebiased top bits. */
+typedef struct {
+  uint32_t min_normal;  /* bits of the smallest normal */
+  uint32_t magic;       /* bits of 2^(23 + log2 of the subnormal unit) */
+  int shift;            /* 23 - mantissa bits */
+  uint32_t rebias;      /* (127 - bias) << 23 */
+  uint32_t max_code, nan_code;
+  int e5m2;
+} kva__fp8_format;
+static const kva__fp8_format kva__e4m3_format = {121u << 23, 141u << 23, 20, 120u << 23, 0x7e, 0x7f, 0};
+static const kva__fp8_format kva__e5m2_format = {113u << 23, 134u << 23, 21, 112u << 23, 0x7b, 0x7f, 1};
+
+/* FP8 cache scales (kva_cache_desc.k_scale / v_scale) from sample K or V:
+   KVA_CALIB_ABSMAX   max|x| / format max (448, 57344): nothing saturates;
+   KVA_CALIB_VLLM_K   max|x| / 200 and KVA_CALIB_VLLM_V max|x| / 100 (vLLM's
+                      "calculate" rule: headroom for values larger than the sample's);
+   KVA_CALIB_MSE      (default) of ABSMAX's scale times 2^(-k/8), k = 0..40, the
+                      one with the least round-trip squared error on the sample
+                      (at most 4096 evenly spaced values): trading a few saturated
+                      outliers for resolution where values are dense.
+   Non-finite values are ignored; an all-zero or empty sample gives 1. The
+   result is finite, > 0 and accepted by kva_cache_create. */
+typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_VLLM_V } kva_calib;
+
+static inline double kva__fp8_sq_error(kva_dtype t, const float *x, size_t n, size_t step, float scale) {
+  float inv = 1.0f / scale;
+  double err = 0.0;
+  size_t i;
+  for (i = 0; i < n; i += step) {
+    float y, v = x[i];
+    if (!(fabsf(v) <= FLT_MAX)) continue;
+    y = t == KVA_FP8_E4M3 ? kva_e4m3_to_f32(kva_f32_to_e4m3(v * inv)) : kva_e5m2_to_f32(kva_f32_to_e5m2(v * inv));
+    err += ((double)y * scale - v) * ((double)y * scale - v);
+  }
+  return err;
+}
+
+KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale) {
+  float amax = 0.0f, fmax, s;
+  size_t i;
+  if (!scale || (t != KVA_FP8_E4M3 && t != KVA_FP8_E5M2) || (n > 0 && !x)) return KVA_ERR_ARG;
+  if (rule != KVA_CALIB_MSE && rule != KVA_CALIB_ABSMAX && rule != KVA_CALIB_VLLM_K && rule != KVA_CALIB_VLLM_V)
+    return KVA_ERR_ARG;
+  fmax = t == KVA_FP8_E4M3 ? 448.0f : 57344.0f;
+  for (i = 0; i < n; i++) {
+    float a = fabsf(x[i]);
+    if (a > amax && a <= FLT_MAX) amax = a;
+  }
+  if (amax == 0.0f) {
+    *scale = 1.0f;
+    return KVA_OK;
+  }
+  switch (rule) {
+    case KVA_CALIB_VLLM_K: s = amax / 200.0f; break;
+    case KVA_CALIB_VLLM_V: s = amax / 100.0f; break;
+    case KVA_CALIB_ABSMAX: s = amax / fmax; break;
+    default: {
+      size_t step = n / 4096 + 1;
+      double best = -1.0;
+      int k;
+      s = amax / fmax;
+      for (k = 0; k <= 40; k++) {
+        float c = (float)((double)amax / fmax * pow(2.0, -k / 8.0));
+        double e;
+        if (!(c >= FLT_MIN)) break;
+        e = kva__fp8_sq_error(t, x, n, step, c);
+        if (best < 0.0 || e < best) {
+          best = e;
+          s = c;
+        }
+      }
+      break;
+    }
+  }
+  if (!(s >= FLT_MIN)) s = FLT_MIN; /* a subnormal sample */
+  if (t == KVA_FP8_E4M3 && s > FLT_MAX / 512.0f) s = FLT_MAX / 512.0f; /* the kernels fold x256 into it */
+  *scale = s;
+  return KVA_OK;
+}
+
 /* Bytes of one stored element; 0 for types that cannot be cache storage. */
 static inline size_t kva__dtype_size(kva_dtype t) {
   switch (t) {
@@ -351,6 +449,9 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 #define KVA__TILE 64     /* keys per tile: a tile's K and V stay in L1/L2 */
 #define KVA__MAXROWS 64  /* query rows (query x head) handled per pass */
 #define KVA__NR 4        /* query rows per register block */
+#define KVA__SPLIT_MIN 1024   /* split-K: fewest keys per split */
+#define KVA__SPLIT_TARGET 8   /* split-K: work units a call aims for */
+#define KVA__MAXSPLIT 16
 
 /* --- scalar row loaders --- */
 static inline float kva__load1_f32(const void *row, int i) { return ((const float *)row)[i]; }
@@ -434,10 +535,23 @@ KVA__DEFINE_SCALAR_KERNELS(e5m2)
     (ldp) = KVA__TILE;                                                                          \
   }
 
-/* x[i] = exp(x[i]); -inf gives exactly 0 */
-static inline void kva__exp_inplace_scalar(float *x, int n) {
+/* x[i] = exp(x[i] - m), returning their sum; -inf gives exactly 0 */
+static inline float kva__exp_sub_sum_scalar(float *x, int n, float m) {
+  float sum = 0.0f;
   int i;
-  for (i = 0; i < n; i++) x[i] = expf(x[i]);
+  for (i = 0; i < n; i++) sum += x[i] = expf(x[i] - m);
+  return sum;
+}
+
+/* x[i] *= scale, returning the largest */
+static inline float kva__scale_max_scalar(float *x, int n, float scale) {
+  float mx = -INFINITY;
+  int i;
+  for (i = 0; i < n; i++) {
+    x[i] *= scale;
+    if (x[i] > mx) mx = x[i];
+  }
+  return mx;
 }
 
 /* y[i] = x . w_o (+ b[o]) for a row-major weight [n_out][n_in]: y = W x */
@@ -453,8 +567,15 @@ static inline void kva__f32_to_f16_row_scalar(uint16_t *dst, const float *src, i
   for (i = 0; i < n; i++) dst[i] = kva_f32_to_f16(src[i]);
 }
 
-#if KVATTN_SIMD == KVA_SIMD_AVX2
-/* --- AVX2 + FMA + F16C --- */
+/* dst[i] = fp8(src[i] * mul) */
+static inline void kva__fp8_encode_scalar(uint8_t *dst, const float *src, size_t n, float mul,
+                                          const kva__fp8_format *f) {
+  size_t i;
+  for (i = 0; i < n; i++) dst[i] = f->e5m2 ? kva_f32_to_e5m2(src[i] * mul) : kva_f32_to_e4m3(src[i] * mul);
+}
+
+#if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
+/* --- AVX2 + FMA + F16C (also compiled under AVX-512, which reuses its helpers) --- */
 #define KVA__AVX2_LOAD8_f32(row, i) _mm256_loadu_ps((const float *)(row) + (i))
 #define KVA__AVX2_LOAD8_f16(row, i) \
   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (i))))
@@ -583,17 +704,20 @@ KVA__DEFINE_AVX2_KERNELS(e5m2)
 /* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
    relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
    (e^-86.5 is 3e-38: nothing a softmax can see). */
-static inline void kva__exp_inplace_avx2(float *x, int n) {
+static inline float kva__exp_sub_sum_avx2(float *x, int n, float m) {
   const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
   const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
   const __m256 lo = _mm256_set1_ps(-86.5f), hi = _mm256_set1_ps(88.3f);
   const __m256 c1 = _mm256_set1_ps(1.0f), c2 = _mm256_set1_ps(0.5f);
   const __m256 c3 = _mm256_set1_ps(1.6666665459e-1f), c4 = _mm256_set1_ps(4.1665795894e-2f);
   const __m256 c5 = _mm256_set1_ps(8.3334519073e-3f), c6 = _mm256_set1_ps(1.3981999507e-3f);
-  const __m256 c7 = _mm256_set1_ps(1.9875691500e-4f);
+  const __m256 c7 = _mm256_set1_ps(1.9875691500e-4f), mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 h;
+  float sum;
   int i;
   for (i = 0; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
+    __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), mv);
     __m256 under = _mm256_cmp_ps(v, lo, _CMP_LT_OQ);
     __m256 t, r, r2, poly;
     __m256i e;
@@ -610,9 +734,36 @@ static inline void kva__exp_inplace_avx2(float *x, int n) {
     poly = _mm256_fmadd_ps(poly, r2, _mm256_add_ps(r, c1));
     e = _mm256_slli_epi32(_mm256_cvtps_epi32(t), 23);
     poly = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(poly), e));
-    _mm256_storeu_ps(x + i, _mm256_andnot_ps(under, poly));
+    poly = _mm256_andnot_ps(under, poly);
+    _mm256_storeu_ps(x + i, poly);
+    acc = _mm256_add_ps(acc, poly);
   }
-  for (; i < n; i++) x[i] = expf(x[i]);
+  h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+  for (; i < n; i++) sum += x[i] = expf(x[i] - m);
+  return sum;
+}
+
+static inline float kva__scale_max_avx2(float *x, int n, float scale) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  __m128 h;
+  float r;
+  int i;
+  for (i = 0; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+    _mm256_storeu_ps(x + i, v);
+    mx = _mm256_max_ps(mx, v);
+  }
+  h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  r = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  for (; i < n; i++) {
+    x[i] *= scale;
+    if (x[i] > r) r = x[i];
+  }
+  return r;
 }
 
 static inline float kva__dot_f32_avx2(const float *a, const float *b, int n) {
@@ -641,7 +792,242 @@ static inline void kva__f32_to_f16_row_avx2(uint16_t *dst, const float *src, int
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < n; i++) dst[i] = kva_f32_to_f16(src[i]);
 }
+
+/* 8 codes per step, bit-identical to the scalar encoder (see kva__fp8_format) */
+static inline void kva__fp8_encode_avx2(uint8_t *dst, const float *src, size_t n, float mul,
+                                        const kva__fp8_format *f) {
+  const __m256 mv = _mm256_set1_ps(mul), magic = _mm256_castsi256_ps(_mm256_set1_epi32((int)f->magic));
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i min_normal = _mm256_set1_epi32((int)f->min_normal), one = _mm256_set1_epi32(1);
+  const __m256i round = _mm256_set1_epi32((1 << (f->shift - 1)) - 1), rebias = _mm256_set1_epi32((int)f->rebias);
+  const __m256i max_code = _mm256_set1_epi32((int)f->max_code), nan_code = _mm256_set1_epi32((int)f->nan_code);
+  const __m256i sign_byte = _mm256_set1_epi32(0x80);
+  const __m128i sh = _mm_cvtsi32_si128(f->shift);
+  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  size_t i;
+  for (i = 0; i + 8 <= n; i += 8) {
+    __m256i x = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(src + i), mv));
+    __m256i a = _mm256_and_si256(x, abs_mask), code, sub, norm, p;
+    uint32_t lo, hi;
+    sub = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), magic)), _mm256_castps_si256(magic));
+    norm = _mm256_add_epi32(_mm256_add_epi32(a, round), _mm256_and_si256(_mm256_srl_epi32(a, sh), one));
+    norm = _mm256_min_epu32(_mm256_srl_epi32(_mm256_sub_epi32(norm, rebias), sh), max_code);
+    code = _mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(min_normal, a));
+    code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(a, inf));
+    code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(x, 24), sign_byte));
+    p = _mm256_shuffle_epi8(code, gather);
+    lo = (uint32_t)_mm256_cvtsi256_si32(p);
+    hi = (uint32_t)_mm256_extract_epi32(p, 4);
+    memcpy(dst + i, &lo, 4);
+    memcpy(dst + i + 4, &hi, 4);
+  }
+  kva__fp8_encode_scalar(dst + i, src + i, n - i, mul, f);
+}
+#if KVATTN_SIMD == KVA_SIMD_AVX2
 #define KVA__ISA avx2
+#else
+/* --- AVX-512 (F, BW, VL): 16 lanes; tails use masked loads, which never
+   touch memory outside the mask, so no scalar tail loops --- */
+#define KVA__AVX512_LOAD16_f32(row, i, m) _mm512_maskz_loadu_ps((m), (const float *)(row) + (i))
+#define KVA__AVX512_LOAD16_f16(row, i, m) \
+  _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((m), (const uint16_t *)(row) + (i)))
+#define KVA__AVX512_LOAD16_bf16(row, i, m) \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((m), (const uint16_t *)(row) + (i))), 16))
+#define KVA__AVX512_LOAD16_i8(row, i, m) \
+  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((m), (const int8_t *)(row) + (i))))
+#define KVA__AVX512_LOAD16_e5m2(row, i, m) \
+  _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8((m), (const uint8_t *)(row) + (i))), 8))
+KVA__FORCEINLINE __m512 kva__avx512_load16_e4m3(const void *row, int i, __mmask16 m) {
+  __m256i x = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + i));
+  __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8),
+                              _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 7));
+  return _mm512_cvtph_ps(h);
+}
+#define KVA__AVX512_LOAD16_e4m3(row, i, m) kva__avx512_load16_e4m3((row), (i), (m))
+
+/* lanes i .. min(i+16, n)-1 */
+KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
+  return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
+}
+KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+/* The value kernel's 4 rows x 4 vectors of accumulators, spelled out so
+   that they stay in registers (loops over arrays of vectors do not). */
+#define KVA__V512_EACH(X) \
+  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
+  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+#define KVA__V512_INIT(r, c) \
+  __m512 a##r##c = nr > r && nv > c ? _mm512_maskz_loadu_ps(m##c, acc[r] + i + 16 * c) : z;
+#define KVA__V512_FMA(r, c) \
+  if (nr > r && nv > c) a##r##c = _mm512_fmadd_ps(p##r, v##c, a##r##c);
+#define KVA__V512_STORE(r, c) \
+  if (nr > r && nv > c) _mm512_mask_storeu_ps(acc[r] + i + 16 * c, m##c, a##r##c);
+
+/* Scores: two keys per step, so 8 independent FMA chains cover the FMA latency. */
+#define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
+  KVA__FORCEINLINE void kva__dot_tile_##dt##_avx512_nr(const float *const *q, const int nr,     \
+                                                        const void *const *krows, int nk, int d, \
+                                                        float *scores, int lds, float cs) {     \
+    int j, i, r;                                                                                \
+    const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
+    for (j = 0; j < nk; j += 2) {                                                               \
+      const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
+      float KVA__ALIGN(32) s[8];                                                                \
+      for (i = 0; i < d; i += 16) {                                                             \
+        __mmask16 m = kva__mask16(i, d);                                                        \
+        __m512 x0 = KVA__AVX512_LOAD16_##dt(k0, i, m), x1 = KVA__AVX512_LOAD16_##dt(k1, i, m), qv; \
+        qv = _mm512_maskz_loadu_ps(m, q0 + i);                                                  \
+        a0 = _mm512_fmadd_ps(qv, x0, a0);                                                       \
+        b0 = _mm512_fmadd_ps(qv, x1, b0);                                                       \
+        if (nr > 1) {                                                                           \
+          qv = _mm512_maskz_loadu_ps(m, q1 + i);                                                \
+          a1 = _mm512_fmadd_ps(qv, x0, a1);                                                     \
+          b1 = _mm512_fmadd_ps(qv, x1, b1);                                                     \
+        }                                                                                       \
+        if (nr > 2) {                                                                           \
+          qv = _mm512_maskz_loadu_ps(m, q2 + i);                                                \
+          a2 = _mm512_fmadd_ps(qv, x0, a2);                                                     \
+          b2 = _mm512_fmadd_ps(qv, x1, b2);                                                     \
+        }                                                                                       \
+        if (nr > 3) {                                                                           \
+          qv = _mm512_maskz_loadu_ps(m, q3 + i);                                                \
+          a3 = _mm512_fmadd_ps(qv, x0, a3);                                                     \
+          b3 = _mm512_fmadd_ps(qv, x1, b3);                                                     \
+        }                                                                                       \
+      }                                                                                         \
+      _mm256_store_ps(s, _mm256_set_m128(                                                       \
+          kva__hsum4_avx2(kva__fold512(b0), kva__fold512(b1), kva__fold512(b2), kva__fold512(b3)), \
+          kva__hsum4_avx2(kva__fold512(a0), kva__fold512(a1), kva__fold512(a2), kva__fold512(a3)))); \
+      if (KVA__SCALED_##dt) {                                                                   \
+        float ks0 = kva__rowscale_##dt(k0, d, cs), ks1 = kva__rowscale_##dt(k1, d, cs);         \
+        for (r = 0; r < nr; r++) {                                                              \
+          s[r] *= ks0;                                                                          \
+          s[4 + r] *= ks1;                                                                      \
+        }                                                                                       \
+      }                                                                                         \
+      for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
+      if (j + 1 < nk)                                                                           \
+        for (r = 0; r < nr; r++) scores[r * lds + j + 1] = s[4 + r];                            \
+    }                                                                                           \
+  }                                                                                             \
+  static inline void kva__dot_tile_##dt##_avx512(const float *const *q, int nr, const void *const *krows, \
+                                                  int nk, int d, float *scores, int lds, float cs) { \
+    switch (nr) {                                                                               \
+      case 1: kva__dot_tile_##dt##_avx512_nr(q, 1, krows, nk, d, scores, lds, cs); break;           \
+      case 2: kva__dot_tile_##dt##_avx512_nr(q, 2, krows, nk, d, scores, lds, cs); break;           \
+      case 3: kva__dot_tile_##dt##_avx512_nr(q, 3, krows, nk, d, scores, lds, cs); break;           \
+      default: kva__dot_tile_##dt##_avx512_nr(q, 4, krows, nk, d, scores, lds, cs); break;          \
+    }                                                                                           \
+  }                                                                                             \
+  /* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows: 16 accumulators */  \
+  KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx512(float *const *acc, const int nr, const float *p, \
+                                                       int ldp, const void *const *vrows, int nk, \
+                                                       int i, const int nv, int dv) {           \
+    const __m512 z = _mm512_setzero_ps();                                                       \
+    const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);                      \
+    const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);                 \
+    int j;                                                                                      \
+    KVA__V512_EACH(KVA__V512_INIT)                                                              \
+    for (j = 0; j < nk; j++) {                                                                  \
+      const void *vr = vrows[j];                                                                \
+      __m512 v0 = KVA__AVX512_LOAD16_##dt(vr, i, m0);                                           \
+      __m512 v1 = nv > 1 ? KVA__AVX512_LOAD16_##dt(vr, i + 16, m1) : z;                         \
+      __m512 v2 = nv > 2 ? KVA__AVX512_LOAD16_##dt(vr, i + 32, m2) : z;                         \
+      __m512 v3 = nv > 3 ? KVA__AVX512_LOAD16_##dt(vr, i + 48, m3) : z;                         \
+      __m512 p0 = _mm512_set1_ps(p[j]);                                                         \
+      __m512 p1 = nr > 1 ? _mm512_set1_ps(p[ldp + j]) : z;                                      \
+      __m512 p2 = nr > 2 ? _mm512_set1_ps(p[2 * ldp + j]) : z;                                  \
+      __m512 p3 = nr > 3 ? _mm512_set1_ps(p[3 * ldp + j]) : z;                                  \
+      KVA__V512_EACH(KVA__V512_FMA)                                                             \
+    }                                                                                           \
+    KVA__V512_EACH(KVA__V512_STORE)                                                             \
+  }                                                                                             \
+  KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx512_nr(float *const *acc, const int nr,        \
+                                                         const float *p, int ldp,               \
+                                                         const void *const *vrows, int nk, int dv, float cs) { \
+    int i, rest;                                                                                \
+    float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
+    KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
+    for (i = 0; i + 64 <= dv; i += 64) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv); \
+    rest = (dv - i + 15) / 16;                                                                  \
+    if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv);         \
+    if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv);         \
+    if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv);         \
+  }                                                                                             \
+  static inline void kva__vacc_tile_##dt##_avx512(float *const *acc, int nr, const float *p, int ldp, \
+                                                   const void *const *vrows, int nk, int dv, float cs) { \
+    switch (nr) {                                                                               \
+      case 1: kva__vacc_tile_##dt##_avx512_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;            \
+      case 2: kva__vacc_tile_##dt##_avx512_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;            \
+      case 3: kva__vacc_tile_##dt##_avx512_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;            \
+      default: kva__vacc_tile_##dt##_avx512_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;           \
+    }                                                                                           \
+  }
+KVA__DEFINE_AVX512_KERNELS(f32)
+KVA__DEFINE_AVX512_KERNELS(f16)
+KVA__DEFINE_AVX512_KERNELS(bf16)
+KVA__DEFINE_AVX512_KERNELS(i8)
+KVA__DEFINE_AVX512_KERNELS(e4m3)
+KVA__DEFINE_AVX512_KERNELS(e5m2)
+
+/* The AVX2 exp, 16 lanes at a time. */
+static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) {
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+  const __m512 lo = _mm512_set1_ps(-86.5f), hi = _mm512_set1_ps(88.3f);
+  const __m512 c1 = _mm512_set1_ps(1.0f), c2 = _mm512_set1_ps(0.5f);
+  const __m512 c3 = _mm512_set1_ps(1.6666665459e-1f), c4 = _mm512_set1_ps(4.1665795894e-2f);
+  const __m512 c5 = _mm512_set1_ps(8.3334519073e-3f), c6 = _mm512_set1_ps(1.3981999507e-3f);
+  const __m512 c7 = _mm512_set1_ps(1.9875691500e-4f), mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  int i;
+  for (i = 0; i < n; i += 16) {
+    __mmask16 lanes = kva__mask16(i, n);
+    __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), mv);
+    __mmask16 keep = _mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ) & lanes;
+    __m512 t, r, r2, poly;
+    __m512i e;
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    t = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_fnmadd_ps(t, ln2_hi, v);
+    r = _mm512_fnmadd_ps(t, ln2_lo, r);
+    r2 = _mm512_mul_ps(r, r);
+    poly = _mm512_fmadd_ps(c7, r, c6);
+    poly = _mm512_fmadd_ps(poly, r, c5);
+    poly = _mm512_fmadd_ps(poly, r, c4);
+    poly = _mm512_fmadd_ps(poly, r, c3);
+    poly = _mm512_fmadd_ps(poly, r, c2);
+    poly = _mm512_fmadd_ps(poly, r2, _mm512_add_ps(r, c1));
+    e = _mm512_slli_epi32(_mm512_cvtps_epi32(t), 23);
+    poly = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(poly), e));
+    poly = _mm512_maskz_mov_ps(keep, poly);
+    _mm512_mask_storeu_ps(x + i, lanes, poly);
+    acc = _mm512_add_ps(acc, poly);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+static inline float kva__scale_max_avx512(float *x, int n, float scale) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  int i;
+  for (i = 0; i < n; i += 16) {
+    __mmask16 lanes = kva__mask16(i, n);
+    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, x + i), sv);
+    _mm512_mask_storeu_ps(x + i, lanes, v);
+    mx = _mm512_mask_max_ps(mx, lanes, mx, v);
+  }
+  return _mm512_reduce_max_ps(mx);
+}
+#define kva__dot_f32_avx512 kva__dot_f32_avx2
+#define kva__f32_to_f16_row_avx512 kva__f32_to_f16_row_avx2
+#define kva__fp8_encode_avx512 kva__fp8_encode_avx2
+#define KVA__ISA avx512
+#endif /* AVX-512 */
 
 #elif KVATTN_SIMD == KVA_SIMD_NEON
 /* --- NEON (AArch64) --- */
@@ -761,17 +1147,19 @@ KVA__DEFINE_NEON_KERNELS(e4m3)
 KVA__DEFINE_NEON_KERNELS(e5m2)
 
 /* Same algorithm as the AVX2 exp (see there). */
-static inline void kva__exp_inplace_neon(float *x, int n) {
+static inline float kva__exp_sub_sum_neon(float *x, int n, float m) {
   const float32x4_t log2e = vdupq_n_f32(1.44269504088896341f);
   const float32x4_t ln2_hi = vdupq_n_f32(0.693359375f), ln2_lo = vdupq_n_f32(-2.12194440e-4f);
   const float32x4_t lo = vdupq_n_f32(-86.5f), hi = vdupq_n_f32(88.3f);
   const float32x4_t c1 = vdupq_n_f32(1.0f), c2 = vdupq_n_f32(0.5f);
   const float32x4_t c3 = vdupq_n_f32(1.6666665459e-1f), c4 = vdupq_n_f32(4.1665795894e-2f);
   const float32x4_t c5 = vdupq_n_f32(8.3334519073e-3f), c6 = vdupq_n_f32(1.3981999507e-3f);
-  const float32x4_t c7 = vdupq_n_f32(1.9875691500e-4f);
+  const float32x4_t c7 = vdupq_n_f32(1.9875691500e-4f), mv = vdupq_n_f32(m);
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  float sum;
   int i;
   for (i = 0; i + 4 <= n; i += 4) {
-    float32x4_t v = vld1q_f32(x + i);
+    float32x4_t v = vsubq_f32(vld1q_f32(x + i), mv);
     uint32x4_t under = vcltq_f32(v, lo);
     float32x4_t t, r, r2, poly;
     int32x4_t e;
@@ -788,9 +1176,30 @@ static inline void kva__exp_inplace_neon(float *x, int n) {
     poly = vfmaq_f32(vaddq_f32(r, c1), poly, r2);
     e = vshlq_n_s32(vcvtq_s32_f32(t), 23);
     poly = vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(poly), e));
-    vst1q_f32(x + i, vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(poly), under)));
+    poly = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(poly), under));
+    vst1q_f32(x + i, poly);
+    acc = vaddq_f32(acc, poly);
   }
-  for (; i < n; i++) x[i] = expf(x[i]);
+  sum = vaddvq_f32(acc);
+  for (; i < n; i++) sum += x[i] = expf(x[i] - m);
+  return sum;
+}
+
+static inline float kva__scale_max_neon(float *x, int n, float scale) {
+  float32x4_t mx = vdupq_n_f32(-INFINITY);
+  float r;
+  int i;
+  for (i = 0; i + 4 <= n; i += 4) {
+    float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), scale);
+    vst1q_f32(x + i, v);
+    mx = vmaxq_f32(mx, v);
+  }
+  r = vmaxvq_f32(mx);
+  for (; i < n; i++) {
+    x[i] *= scale;
+    if (x[i] > r) r = x[i];
+  }
+  return r;
 }
 
 static inline float kva__dot_f32_neon(const float *a, const float *b, int n) {
@@ -811,6 +1220,31 @@ static inline void kva__f32_to_f16_row_neon(uint16_t *dst, const float *src, int
   int i;
   for (i = 0; i + 4 <= n; i += 4) vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
   for (; i < n; i++) dst[i] = kva_f32_to_f16(src[i]);
+}
+
+/* 4 codes per step, bit-identical to the scalar encoder (see kva__fp8_format) */
+KVA__FORCEINLINE uint16x4_t kva__fp8_encode4_neon(float32x4_t v, const kva__fp8_format *f, int32x4_t neg_shift) {
+  uint32x4_t x = vreinterpretq_u32_f32(v), a = vandq_u32(x, vdupq_n_u32(0x7fffffffu)), code, sub, norm;
+  float32x4_t magic = vreinterpretq_f32_u32(vdupq_n_u32(f->magic));
+  sub = vsubq_u32(vreinterpretq_u32_f32(vaddq_f32(vreinterpretq_f32_u32(a), magic)), vdupq_n_u32(f->magic));
+  norm = vaddq_u32(vaddq_u32(a, vdupq_n_u32((1u << (f->shift - 1)) - 1u)),
+                   vandq_u32(vshlq_u32(a, neg_shift), vdupq_n_u32(1)));
+  norm = vminq_u32(vshlq_u32(vsubq_u32(norm, vdupq_n_u32(f->rebias)), neg_shift), vdupq_n_u32(f->max_code));
+  code = vbslq_u32(vcltq_u32(a, vdupq_n_u32(f->min_normal)), sub, norm);
+  code = vbslq_u32(vcgtq_u32(a, vdupq_n_u32(0x7f800000u)), vdupq_n_u32(f->nan_code), code);
+  code = vorrq_u32(code, vandq_u32(vshrq_n_u32(x, 24), vdupq_n_u32(0x80)));
+  return vmovn_u32(code);
+}
+static inline void kva__fp8_encode_neon(uint8_t *dst, const float *src, size_t n, float mul,
+                                        const kva__fp8_format *f) {
+  const int32x4_t neg_shift = vdupq_n_s32(-f->shift);
+  size_t i;
+  for (i = 0; i + 8 <= n; i += 8) {
+    uint16x4_t lo = kva__fp8_encode4_neon(vmulq_n_f32(vld1q_f32(src + i), mul), f, neg_shift);
+    uint16x4_t hi = kva__fp8_encode4_neon(vmulq_n_f32(vld1q_f32(src + i + 4), mul), f, neg_shift);
+    vst1_u8(dst + i, vmovn_u16(vcombine_u16(lo, hi)));
+  }
+  kva__fp8_encode_scalar(dst + i, src + i, n - i, mul, f);
 }
 #define KVA__ISA neon
 
@@ -850,9 +1284,28 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
   }
 }
 
-#define kva__exp_inplace KVA__SEL(kva__exp_inplace_)
+#define kva__exp_sub_sum KVA__SEL(kva__exp_sub_sum_)
+#define kva__scale_max KVA__SEL(kva__scale_max_)
 #define kva__dot_f32 KVA__SEL(kva__dot_f32_)
 #define kva__f32_to_f16_row KVA__SEL(kva__f32_to_f16_row_)
+#define kva__fp8_encode KVA__SEL(kva__fp8_encode_)
+
+/* Bulk FP8 conversions: element for element what kva_f32_to_e4m3 (and the
+   others) give, the encoders vectorised (they are the cache's store path). */
+KVA_API void kva_f32_to_e4m3_n(uint8_t *dst, const float *src, size_t n) {
+  if (n > 0) kva__fp8_encode(dst, src, n, 1.0f, &kva__e4m3_format);
+}
+KVA_API void kva_f32_to_e5m2_n(uint8_t *dst, const float *src, size_t n) {
+  if (n > 0) kva__fp8_encode(dst, src, n, 1.0f, &kva__e5m2_format);
+}
+KVA_API void kva_e4m3_to_f32_n(float *dst, const uint8_t *src, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(src[i]);
+}
+KVA_API void kva_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(src[i]);
+}
 
 /* INT8 row: symmetric, scale = amax / 127 stored before the n codes; an
    all-zero row gives scale 0 and codes 0. Non-finite inputs: NaN stores 0,
@@ -890,8 +1343,8 @@ static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int 
     case KVA_F16: kva__f32_to_f16_row((uint16_t *)dst, src, n); break;
     case KVA_BF16: for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = kva_f32_to_bf16(src[i]); break;
     case KVA_INT8: kva__quantize_i8((int8_t *)dst + sizeof(float), src, n); break;
-    case KVA_FP8_E4M3: for (i = 0; i < n; i++) b[i] = kva_f32_to_e4m3(src[i] * inv); break;
-    case KVA_FP8_E5M2: for (i = 0; i < n; i++) b[i] = kva_f32_to_e5m2(src[i] * inv); break;
+    case KVA_FP8_E4M3: kva__fp8_encode(b, src, (size_t)n, inv, &kva__e4m3_format); break;
+    case KVA_FP8_E5M2: kva__fp8_encode(b, src, (size_t)n, inv, &kva__e5m2_format); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1002,25 +1455,30 @@ static inline int kva__visible(const kva__attn_params *P, int32_t qp, int32_t kp
   return (int64_t)qp - (int64_t)kp < (int64_t)P->window;
 }
 
-/* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R).
-   q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H]; query i sits at
-   q_pos[i], or at q_base + i when q_pos is NULL. */
-static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int n_kv, int g,
+/* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
+   over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
+   with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
+   partial result). Query i sits at q_pos[i], or at q_base + i when q_pos is NULL. */
+static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
                                     const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
-                                    float *out, float *lse) {
+                                    float *out, float *lse, int compact) {
   float scores[KVA__MAXROWS * KVA__TILE];
   float m[KVA__MAXROWS], l[KVA__MAXROWS];
   const float *qr[KVA__MAXROWS];
   float *acc[KVA__MAXROWS];
-  int32_t qp[KVA__MAXROWS], kpos[KVA__TILE], qmin = INT32_MAX, qmax = INT32_MIN, kmin, kmax;
-  const void *krows[KVA__TILE], *vrows[KVA__TILE];
+  /* tile b of the KV range lives in buffer b % 2: the next tile is filled
+     (and prefetched) while this one computes, and filled once */
+  int32_t qp[KVA__MAXROWS], kpos_buf[2][KVA__TILE], kmin_buf[2], kmax_buf[2], qmin = INT32_MAX, qmax = INT32_MIN;
+  const void *krows_buf[2][KVA__TILE], *vrows_buf[2][KVA__TILE];
+  const void **krows, **vrows;
+  int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
   int t, j0, j, rb;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
     qr[t] = q + ((size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->D;
-    acc[t] = out + ((size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->DV;
+    acc[t] = out + (compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->DV;
     memset(acc[t], 0, (size_t)P->DV * sizeof(float));
     qp[t] = q_pos ? q_pos[i] : (int32_t)(q_base + i);
     if (qp[t] < qmin) qmin = qp[t];
@@ -1028,33 +1486,44 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
-  for (j0 = 0; j0 < n_kv; j0 += KVA__TILE) {
-    int nk = n_kv - j0 < KVA__TILE ? n_kv - j0 : KVA__TILE, all_visible;
-    kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
+  if (kv1 > kv0)
+    kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0], kpos_buf[0],
+                   &kmin_buf[0], &kmax_buf[0]);
+  for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
+    int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible, cb = ((j0 - kv0) / KVA__TILE) & 1;
+    int nn = kv1 - j0 - nk < KVA__TILE ? kv1 - j0 - nk : KVA__TILE;
+    krows = krows_buf[cb];
+    vrows = vrows_buf[cb];
+    kpos = kpos_buf[cb];
+    kmin = kmin_buf[cb];
+    kmax = kmax_buf[cb];
+    if (j0 == 0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes);
+    if (nn > 0) { /* the next tile's rows load while this one computes */
+      kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], kpos_buf[!cb], &kmin_buf[!cb], &kmax_buf[!cb]);
+      if (kmin_buf[!cb] <= qmax) {
+        kva__prefetch_rows(krows_buf[!cb], nn, kbytes);
+        kva__prefetch_rows(vrows_buf[!cb], nn, vbytes);
+      }
+    }
     if (kmin > qmax) continue; /* every key is in every row's future */
     if (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) continue;
-    if (j0 == 0) kva__prefetch_rows(vrows, nk, vbytes);
-    if (j0 + KVA__TILE < n_kv) { /* the next tile's rows load while this one computes */
-      int nn = n_kv - j0 - KVA__TILE < KVA__TILE ? n_kv - j0 - KVA__TILE : KVA__TILE;
-      const void *kn[KVA__TILE], *vn[KVA__TILE];
-      int32_t pn[KVA__TILE], a_, b_;
-      kva__view_fill(w, g, j0 + KVA__TILE, nn, kn, vn, pn, &a_, &b_);
-      kva__prefetch_rows(kn, nn, kbytes);
-      kva__prefetch_rows(vn, nn, vbytes);
-    }
     all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
       kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs);
     }
     for (t = 0; t < nrows; t++) {
-      float *s = scores + t * KVA__TILE, mt = -INFINITY, sum = 0.0f;
-      for (j = 0; j < nk; j++) {
-        float x = s[j] * P->scale;
-        if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
-        if (!all_visible && !kva__visible(P, qp[t], kpos[j])) x = -INFINITY;
-        s[j] = x;
-        if (x > mt) mt = x;
+      float *s = scores + t * KVA__TILE, mt = -INFINITY;
+      if (all_visible && P->softcap <= 0.0f) {
+        mt = kva__scale_max(s, nk, P->scale);
+      } else {
+        for (j = 0; j < nk; j++) {
+          float x = s[j] * P->scale;
+          if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
+          if (!all_visible && !kva__visible(P, qp[t], kpos[j])) x = -INFINITY;
+          s[j] = x;
+          if (x > mt) mt = x;
+        }
       }
       if (mt == -INFINITY) { /* nothing visible in this tile for this row */
         memset(s, 0, (size_t)nk * sizeof(float));
@@ -1069,10 +1538,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
         }
         m[t] = mt;
       }
-      for (j = 0; j < nk; j++) s[j] -= m[t];
-      kva__exp_inplace(s, nk);
-      for (j = 0; j < nk; j++) sum += s[j];
-      l[t] += sum;
+      l[t] += kva__exp_sub_sum(s, nk, m[t]);
     }
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
@@ -1080,8 +1546,11 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     }
   }
   if (w->key_scores) { /* H2O: add each key's final probability, summed over the rows */
-    for (j0 = 0; j0 < n_kv; j0 += KVA__TILE) {
-      int nk = n_kv - j0 < KVA__TILE ? n_kv - j0 : KVA__TILE;
+    for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
+      int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE;
+      krows = krows_buf[0];
+      vrows = vrows_buf[0];
+      kpos = kpos_buf[0];
       kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
       if (kmin > qmax) continue;
       for (rb = 0; rb < nrows; rb += KVA__NR) {
@@ -1109,8 +1578,33 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       int k;
       for (k = 0; k < P->DV; k++) acc[t][k] *= inv;
     }
-    if (lse) lse[(size_t)i * (size_t)P->H + (size_t)h] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
+    if (lse) lse[compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)h] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
   }
+}
+
+/* Combine S normalised partial results of one row over disjoint key sets
+   (part s: parts[s], log-sum-exp lses[s]) into out; returns the row's lse.
+   out may be parts[0]. */
+static inline float kva__merge_row(float *out, const float *const *parts, const float *lses, int S, int dv) {
+  float mx = -INFINITY, wsum = 0.0f, wt[KVA__MAXSPLIT], inv;
+  int s, i;
+  KVATTN_ASSERT(S <= KVA__MAXSPLIT);
+  for (s = 0; s < S; s++)
+    if (lses[s] > mx) mx = lses[s];
+  if (mx == -INFINITY) { /* no part saw a key */
+    memset(out, 0, (size_t)dv * sizeof(float));
+    return -INFINITY;
+  }
+  for (s = 0; s < S; s++) wsum += wt[s] = lses[s] > -INFINITY ? expf(lses[s] - mx) : 0.0f;
+  inv = 1.0f / wsum;
+  for (s = 0; s < S; s++) wt[s] *= inv;
+  for (i = 0; i < dv; i++) {
+    float x = 0.0f;
+    for (s = 0; s < S; s++)
+      if (wt[s] != 0.0f) x += wt[s] * parts[s][i];
+    out[i] = x;
+  }
+  return mx + logf(wsum);
 }
 
 static inline int kva__threads(int n_threads) {
@@ -1122,23 +1616,81 @@ static inline int kva__threads(int n_threads) {
 #endif
 }
 
-/* All rows of all KV heads; work items (KV head, row chunk) run in parallel. */
+/* Split-K (flash-decoding): when a call has fewer (KV head, row chunk)
+   items than KVA__SPLIT_TARGET, each item's key range is cut into splits of
+   at least KVA__SPLIT_MIN keys that run as separate work units, and their
+   partial results are merged by log-sum-exp. The split depends on the shape
+   only, never on the thread count, so results stay identical for any number
+   of threads. */
+static inline int kva__kv_splits(int items, int n_kv, int has_scores) {
+  int s;
+  if (has_scores || items >= KVA__SPLIT_TARGET) return 1; /* H2O needs each row's final softmax */
+  s = (KVA__SPLIT_TARGET + items - 1) / items;
+  if (s > n_kv / KVA__SPLIT_MIN) s = n_kv / KVA__SPLIT_MIN;
+  return s < 1 ? 1 : s;
+}
+
+/* keys of split s of S over n_kv, cut on tile boundaries */
+static inline void kva__split_range(int n_kv, int S, int s, int *kv0, int *kv1) {
+  int64_t tiles = (n_kv + KVA__TILE - 1) / KVA__TILE;
+  int64_t a = tiles * s / S * KVA__TILE, b = tiles * (s + 1) / S * KVA__TILE;
+  *kv0 = (int)a;
+  *kv1 = b < n_kv ? (int)b : n_kv;
+}
+
+/* All rows of all KV heads; work items (KV head, row chunk), or their
+   splits, run in parallel. */
 static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view *w, int n_kv, const float *q,
                                    int n_q, const int32_t *q_pos, int32_t q_base, float *out, float *lse,
                                    int n_threads) {
   int rows = n_q * P->R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
   /* with key scores, one item per KV head: its chunks add to the same keys */
   int per_item = w->key_scores ? chunks : 1;
-  int items = P->G * (chunks / per_item), it, nt = kva__threads(n_threads);
-  if (nt > items) nt = items; /* no idle team members (MQA / MLA decode is one item) */
-  (void)nt;
+  int items = P->G * (chunks / per_item), it, nt = kva__threads(n_threads), u;
+  int S = kva__kv_splits(items, n_kv, w->key_scores != NULL);
+  size_t part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1); /* one unit's partial rows, then their lse */
+  float *scratch = S > 1 ? (float *)KVATTN_MALLOC((size_t)items * (size_t)S * part * sizeof(float)) : NULL;
+  if (scratch) {
+    int units = items * S, ntu = nt < units ? nt : units;
+    (void)ntu;
+    KVA__OMP_FOR(ntu)
+    for (u = 0; u < units; u++) {
+      int c0 = (u / S % chunks) * KVA__MAXROWS, kv0, kv1;
+      float *po = scratch + (size_t)u * part;
+      kva__split_range(n_kv, S, u % S, &kv0, &kv1);
+      kva__attend_rows(P, w, kv0, kv1, u / S / chunks, q, q_pos, q_base, c0,
+                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + KVA__MAXROWS * P->DV, 1);
+    }
+    if (nt > items) nt = items;
+    KVA__OMP_FOR(nt)
+    for (it = 0; it < items; it++) {
+      int c0 = it % chunks * KVA__MAXROWS, t, s;
+      for (t = 0; t < KVA__MAXROWS && c0 + t < rows; t++) {
+        int row = c0 + t, i = row / P->R, h = it / chunks * P->R + row % P->R;
+        const float *parts[KVA__MAXSPLIT];
+        float lses[KVA__MAXSPLIT], l_;
+        size_t o = (size_t)i * (size_t)P->H + (size_t)h;
+        for (s = 0; s < S; s++) {
+          const float *po = scratch + (size_t)(it * S + s) * part;
+          parts[s] = po + (size_t)t * (size_t)P->DV;
+          lses[s] = po[(size_t)KVA__MAXROWS * (size_t)P->DV + (size_t)t];
+        }
+        l_ = kva__merge_row(out + o * (size_t)P->DV, parts, lses, S, P->DV);
+        if (lse) lse[o] = l_;
+      }
+    }
+    KVATTN_FREE(scratch);
+    return;
+  }
+  /* unsplit (or no memory for the partial results: the same answer, one unit per item) */
+  if (nt > items) nt = items; /* no idle team members */
   KVA__OMP_FOR(nt)
   for (it = 0; it < items; it++) {
     int g = it / (chunks / per_item), k;
     for (k = 0; k < per_item; k++) {
       int c0 = ((it % (chunks / per_item)) * per_item + k) * KVA__MAXROWS;
       int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
-      kva__attend_rows(P, w, n_kv, g, q, q_pos, q_base, c0, nrows, out, lse);
+      kva__attend_rows(P, w, 0, n_kv, g, q, q_pos, q_base, c0, nrows, out, lse, 0);
     }
   }
 }
@@ -1185,6 +1737,27 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   w.pos = kv_pos;
   if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
   kva__attend_all(&P, &w, n_kv, q, n_q, q_pos, (int32_t)(n_kv - n_q), out, lse, a->n_threads);
+  return KVA_OK;
+}
+
+/* Merge attention over two disjoint key sets of the same query rows, as
+   kva_attend returns them (out [n_rows][dv] normalised, lse [n_rows]):
+   afterwards (out, lse) is the attention over both sets. Cascade attention
+   (a shared prefix attended once, each request's own suffix) and split-K
+   parts combine this way; a part with lse -INFINITY saw no key. */
+KVA_API kva_status kva_merge_lse(float *out, float *lse, const float *out_b, const float *lse_b, int n_rows, int dv) {
+  int r;
+  if (n_rows < 0 || dv <= 0) return KVA_ERR_ARG;
+  if (n_rows > 0 && (!out || !lse || !out_b || !lse_b)) return KVA_ERR_ARG;
+  for (r = 0; r < n_rows; r++) {
+    const float *parts[2];
+    float lses[2];
+    parts[0] = out + (size_t)r * (size_t)dv;
+    parts[1] = out_b + (size_t)r * (size_t)dv;
+    lses[0] = lse[r];
+    lses[1] = lse_b[r];
+    lse[r] = kva__merge_row(out + (size_t)r * (size_t)dv, parts, lses, 2, dv);
+  }
   return KVA_OK;
 }
 
@@ -1307,6 +1880,7 @@ typedef struct {
 } kva__seq;
 
 typedef struct kva_cache kva_cache; /* members are not part of the contract */
+typedef struct kva_batch kva_batch; /* a batched-attention plan (kva_batch_plan) */
 
 /* Per block bookkeeping. A block is in at most one list: the free list
    (ref 0, not published) or the cached list (ref 0, published; LRU order). */
@@ -2200,6 +2774,206 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
   if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
     w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads);
+  return KVA_OK;
+}
+
+/* Batched attention (continuous batching): one call attends the newest
+   n_q[i] tokens of each of n_seqs sequences over their cached keys of one
+   layer. kva_batch_plan splits the work once per step (sequences x KV heads
+   x row chunks, and long key ranges into split-K parts when there are few
+   of those) and allocates every buffer; kva_attend_batch then runs it for
+   each layer without allocating. q is [sum n_q][n_heads][head_dim] and out
+   [sum n_q][n_heads][v_dim], the sequences' rows one after another in plan
+   order. A plan holds for the sequence lengths it saw: after the next
+   append, plan again (KVA_ERR_ARG otherwise). One plan runs one call at a
+   time. */
+typedef struct {
+  int32_t seq;    /* index into the plan's sequences */
+  int32_t g, row0, n_chunks; /* KV head; rows row0 .. in n_chunks chunks of KVA__MAXROWS */
+  int32_t kv0, kv1;
+  int32_t part;   /* split-K partial result slot, or -1: write the output directly */
+} kva__unit;
+
+struct kva_batch {
+  kva__attn_params P;
+  int n_threads, n_seqs, n_units, n_merges, splits_max;
+  int *seq_id, *n_q, *len, *q_row; /* per sequence; q_row: first query row in q / out */
+  int *merge_unit;                 /* per merged item: its first unit (its parts follow) */
+  int *merge_splits;
+  kva__unit *units;
+  kva__kv_view *views;             /* per sequence, rebuilt by each run */
+  float *parts;                    /* n_parts x KVA__MAXROWS x (DV + 1) */
+};
+
+KVA_API void kva_batch_free(kva_batch *b) {
+  if (b) KVATTN_FREE(b);
+}
+
+KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
+                                  kva_batch **plan) {
+  kva__attn_params P;
+  size_t bytes, part = 0;
+  int i, n_units = 0, n_parts = 0, n_merges = 0, items_total = 0, rows_total = 0, u, pi, mi;
+  unsigned char *mem;
+  kva_batch *b;
+  if (!plan) return KVA_ERR_ARG;
+  *plan = NULL;
+  if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q))) return KVA_ERR_ARG;
+  if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
+  if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
+  for (i = 0; i < n_seqs; i++) { /* validate, and count the items */
+    const kva__seq *s = kva__seq_get(c, seqs[i]);
+    int rows, chunks;
+    if (!s) return KVA_ERR_SEQ;
+    if (n_q[i] < 0 || n_q[i] > s->last_append) return KVA_ERR_ARG;
+    if ((int64_t)rows_total + n_q[i] > INT_MAX / P.H) return KVA_ERR_ARG;
+    rows_total += n_q[i];
+    rows = n_q[i] * P.R;
+    chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
+    items_total += s->evict.kind == KVA_EVICT_H2O ? (chunks > 0 ? P.G : 0) : P.G * chunks;
+  }
+  for (i = 0; i < n_seqs; i++) { /* count units and split parts */
+    const kva__seq *s = kva__seq_get(c, seqs[i]);
+    int chunks = (n_q[i] * P.R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = s->evict.kind == KVA_EVICT_H2O;
+    int S = kva__kv_splits(items_total, s->len, h2o);
+    if (chunks == 0) continue;
+    if (h2o) {
+      n_units += P.G;
+    } else {
+      n_units += P.G * chunks * S;
+      if (S > 1) {
+        n_parts += P.G * chunks * S;
+        n_merges += P.G * chunks;
+      }
+    }
+  }
+  part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
+  bytes = sizeof(kva_batch) + (size_t)n_seqs * (4 * sizeof(int) + sizeof(kva__kv_view)) +
+          (size_t)n_merges * 2 * sizeof(int) + (size_t)n_units * sizeof(kva__unit) + 64 +
+          (size_t)n_parts * part * sizeof(float);
+  mem = (unsigned char *)KVATTN_MALLOC(bytes);
+  if (!mem) return KVA_ERR_NOMEM;
+  b = (kva_batch *)mem;
+  memset(b, 0, sizeof *b);
+  mem += sizeof *b;
+  b->views = (kva__kv_view *)mem;
+  mem += (size_t)n_seqs * sizeof(kva__kv_view);
+  b->units = (kva__unit *)mem;
+  mem += (size_t)n_units * sizeof(kva__unit);
+  b->seq_id = (int *)mem;
+  b->n_q = b->seq_id + n_seqs;
+  b->len = b->n_q + n_seqs;
+  b->q_row = b->len + n_seqs;
+  b->merge_unit = b->q_row + n_seqs;
+  b->merge_splits = b->merge_unit + n_merges;
+  mem = (unsigned char *)(b->merge_splits + n_merges);
+  mem += (64 - (size_t)((uintptr_t)mem % 64)) % 64;
+  b->parts = (float *)mem;
+  b->P = P;
+  b->n_threads = a->n_threads;
+  b->n_seqs = n_seqs;
+  b->n_units = n_units;
+  b->n_merges = n_merges;
+  u = pi = mi = 0;
+  rows_total = 0;
+  for (i = 0; i < n_seqs; i++) {
+    const kva__seq *s = kva__seq_get(c, seqs[i]);
+    int rows = n_q[i] * P.R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS, g, ch, k;
+    int h2o = s->evict.kind == KVA_EVICT_H2O, S = kva__kv_splits(items_total, s->len, h2o);
+    b->seq_id[i] = seqs[i];
+    b->n_q[i] = n_q[i];
+    b->len[i] = s->len;
+    b->q_row[i] = rows_total;
+    rows_total += n_q[i];
+    if (chunks == 0) continue;
+    for (g = 0; g < P.G; g++) {
+      if (h2o) { /* one unit per KV head: its chunks add to the same key scores */
+        kva__unit un = {0, 0, 0, 0, 0, 0, -1};
+        un.seq = i; un.g = g; un.n_chunks = chunks; un.kv1 = s->len;
+        b->units[u++] = un;
+        continue;
+      }
+      for (ch = 0; ch < chunks; ch++) {
+        if (S > 1) {
+          b->merge_unit[mi] = u;
+          b->merge_splits[mi++] = S;
+        }
+        for (k = 0; k < S; k++) {
+          kva__unit un = {0, 0, 0, 1, 0, 0, -1};
+          un.seq = i; un.g = g; un.row0 = ch * KVA__MAXROWS;
+          kva__split_range(s->len, S, k, &un.kv0, &un.kv1);
+          if (S > 1) un.part = pi++;
+          b->units[u++] = un;
+        }
+      }
+    }
+  }
+  KVATTN_ASSERT(u == n_units && pi == n_parts && mi == n_merges);
+  *plan = b;
+  return KVA_OK;
+}
+
+KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const float *q, float *out) {
+  const kva__attn_params *P;
+  size_t part;
+  int i, u, nt;
+  if (!c || !b || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
+  P = &b->P;
+  if (P->G != c->G || P->D != c->D || P->DV != c->DV) return KVA_ERR_ARG;
+  if (b->n_units > 0 && (!q || !out)) return KVA_ERR_ARG;
+  for (i = 0; i < b->n_seqs; i++) {
+    const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
+    if (!s) return KVA_ERR_SEQ;
+    if (s->len != b->len[i] || b->n_q[i] > s->last_append) return KVA_ERR_ARG; /* a stale plan */
+  }
+  for (i = 0; i < b->n_seqs; i++) {
+    const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
+    kva__cache_view(c, s, layer, &b->views[i]);
+    if (s->evict.kind == KVA_EVICT_H2O)
+      b->views[i].key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
+  }
+  part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1);
+  nt = kva__threads(b->n_threads);
+  if (nt > b->n_units) nt = b->n_units;
+  (void)nt;
+  KVA__OMP_FOR(nt)
+  for (u = 0; u < b->n_units; u++) {
+    const kva__unit *un = &b->units[u];
+    const kva__seq *s = kva__seq_get(c, b->seq_id[un->seq]);
+    int rows = b->n_q[un->seq] * P->R, k;
+    const float *qs = q + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->D;
+    float *os = out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
+    int32_t q_base = (int32_t)(s->pos - b->n_q[un->seq]);
+    for (k = 0; k < un->n_chunks; k++) {
+      int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
+      if (un->part < 0) {
+        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, os, NULL, 0);
+      } else {
+        float *po = b->parts + (size_t)un->part * part;
+        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, po,
+                         po + (size_t)KVA__MAXROWS * (size_t)P->DV, 1);
+      }
+    }
+  }
+  nt = kva__threads(b->n_threads);
+  if (nt > b->n_merges) nt = b->n_merges;
+  KVA__OMP_FOR(nt)
+  for (i = 0; i < b->n_merges; i++) {
+    const kva__unit *un = &b->units[b->merge_unit[i]];
+    int S = b->merge_splits[i], rows = b->n_q[un->seq] * P->R, t, k;
+    float *os = out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
+    for (t = 0; t < KVA__MAXROWS && un->row0 + t < rows; t++) {
+      int row = un->row0 + t, qi = row / P->R, h = un->g * P->R + row % P->R;
+      const float *parts[KVA__MAXSPLIT];
+      float lses[KVA__MAXSPLIT];
+      for (k = 0; k < S; k++) {
+        const float *po = b->parts + (size_t)un[k].part * part;
+        parts[k] = po + (size_t)t * (size_t)P->DV;
+        lses[k] = po[(size_t)KVA__MAXROWS * (size_t)P->DV + (size_t)t];
+      }
+      kva__merge_row(os + ((size_t)qi * (size_t)P->H + (size_t)h) * (size_t)P->DV, parts, lses, S, P->DV);
+    }
+  }
   return KVA_OK;
 }
 

@@ -70,6 +70,12 @@ host_avx2_fma() {
     [ "$HOST" = x86_64 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null &&
         grep -qw fma /proc/cpuinfo 2>/dev/null && grep -qw f16c /proc/cpuinfo 2>/dev/null
 }
+# its AVX-512 path needs F, BW and VL on top
+AVX512_FLAGS=("${AVX2_FLAGS[@]}" -mavx512f -mavx512bw -mavx512vl)
+host_avx512() {
+    host_avx2_fma && grep -qw avx512f /proc/cpuinfo 2>/dev/null &&
+        grep -qw avx512bw /proc/cpuinfo 2>/dev/null && grep -qw avx512vl /proc/cpuinfo 2>/dev/null
+}
 
 # ---------------------------------------------------------------- helpers
 # (used inside steps; a step's stdout+stderr go to its log)
@@ -191,8 +197,12 @@ s_scalar() {
 }
 
 s_avx2() {
-    build_tests avx2 "$CC" -std=c99 -O2 "${AVX2_FLAGS[@]}" &&
+    build_tests avx2 "$CC" -std=c99 -O2 "${AVX2_FLAGS[@]}" -DKVATTN_SIMD=KVA_SIMD_AVX2 &&
         run "$B/avx2/kvattn_test"
+}
+s_avx512() {
+    build_tests avx512 "$CC" -std=c99 -O2 "${AVX512_FLAGS[@]}" -DKVATTN_SIMD=KVA_SIMD_AVX512 &&
+        run "$B/avx512/kvattn_test"
 }
 
 s_openmp() {
@@ -333,12 +343,20 @@ s_simd_select() {
 
     case $HOST in
         x86_64)
-            if host_avx2_fma; then native_expect=avx2; else native_expect=scalar; fi
+            if host_avx512; then native_expect=avx512
+            elif host_avx2_fma; then native_expect=avx2
+            else native_expect=scalar; fi
             expect_name x86-native "$native_expect" "" "$CC" -march=native
             expect_name x86-forced-scalar scalar "" "$CC" -march=native -DKVATTN_SIMD=KVA_SIMD_SCALAR
             if host_avx2_fma; then
                 expect_name x86-avx2-flags avx2 "" "$CC" "${AVX2_FLAGS[@]}"
                 expect_name x86-forced-avx2 avx2 "" "$CC" "${AVX2_FLAGS[@]}" -DKVATTN_SIMD=KVA_SIMD_AVX2
+                expect_error x86-avx2-forced-avx512 "$CC" "${AVX2_FLAGS[@]}" -DKVATTN_SIMD=KVA_SIMD_AVX512
+            fi
+            if host_avx512; then
+                expect_name x86-avx512-flags avx512 "" "$CC" "${AVX512_FLAGS[@]}"
+                expect_name x86-forced-avx512 avx512 "" "$CC" "${AVX512_FLAGS[@]}" -DKVATTN_SIMD=KVA_SIMD_AVX512
+                expect_name x86-avx512-forced-avx2 avx2 "" "$CC" "${AVX512_FLAGS[@]}" -DKVATTN_SIMD=KVA_SIMD_AVX2
             fi
             expect_error x86-forced-neon "$CC" -DKVATTN_SIMD=KVA_SIMD_NEON
             ;;
@@ -356,6 +374,7 @@ s_simd_select() {
         expect_name aarch64-forced-scalar scalar "$QEMU_AARCH64" "$AARCH64_CC" -static \
             -DKVATTN_SIMD=KVA_SIMD_SCALAR
         expect_error aarch64-forced-avx2 "$AARCH64_CC" -DKVATTN_SIMD=KVA_SIMD_AVX2
+        expect_error aarch64-forced-avx512 "$AARCH64_CC" -DKVATTN_SIMD=KVA_SIMD_AVX512
     fi
     return "$bad"
 }
@@ -453,7 +472,7 @@ weight() {
     case $1 in
         asan-ubsan*) echo 4 ;;
         warnings-*) echo 3 ;;
-        cxx | neon | openmp | native | avx2 | scalar) echo 2 ;;
+        cxx | neon | openmp | native | avx2 | avx512 | scalar) echo 2 ;;
         *) echo 1 ;;
     esac
 }
@@ -530,6 +549,11 @@ if host_avx2_fma; then
     step avx2 s_avx2
 else
     skip avx2 "host is not x86_64 with AVX2, FMA and F16C"
+fi
+if host_avx512; then
+    step avx512 s_avx512
+else
+    skip avx512 "host is not x86_64 with AVX-512 F, BW and VL"
 fi
 step openmp s_openmp
 step asan-ubsan s_asan_ubsan
