@@ -588,11 +588,11 @@ static inline void kva__fp8_encode_scalar(uint8_t *dst, const float *src, size_t
 /* E5M2 is an F16's top byte; E4M3 bits shifted into an F16 give value / 256 */
 #define KVA__AVX2_LOAD8_e5m2(row, i) \
   _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)(row) + (i)))), 8))
+/* sign-extended to 16 bits and shifted by 7, a code's sign lands in bit 15
+   and also in bit 14, the F16 exponent's top bit, which must be clear */
 KVA__FORCEINLINE __m256 kva__avx2_load8_e4m3(const void *row, int i) {
-  __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)row + i)));
-  __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8),
-                           _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), 7));
-  return _mm256_cvtph_ps(h);
+  __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)row + i)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16((short)0xbf80)));
 }
 #define KVA__AVX2_LOAD8_e4m3(row, i) kva__avx2_load8_e4m3((row), (i))
 
@@ -839,10 +839,8 @@ static inline void kva__fp8_encode_avx2(uint8_t *dst, const float *src, size_t n
 #define KVA__AVX512_LOAD16_e5m2(row, i, m) \
   _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8((m), (const uint8_t *)(row) + (i))), 8))
 KVA__FORCEINLINE __m512 kva__avx512_load16_e4m3(const void *row, int i, __mmask16 m) {
-  __m256i x = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + i));
-  __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8),
-                              _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 7));
-  return _mm512_cvtph_ps(h);
+  __m256i x = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + i));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbf80)));
 }
 #define KVA__AVX512_LOAD16_e4m3(row, i, m) kva__avx512_load16_e4m3((row), (i), (m))
 
