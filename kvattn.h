@@ -865,6 +865,29 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
   if (nr > r && nv > c) _mm512_mask_storeu_ps(acc[r] + i + 16 * c, m##c, a##r##c);
 
 /* Scores: two keys per step, so 8 independent FMA chains cover the FMA latency. */
+#define KVA__DOT512_STEP(dt, mask)                                                              \
+  {                                                                                             \
+    const __mmask16 m = (mask);                                                                 \
+    __m512 x0 = KVA__AVX512_LOAD16_##dt(k0, i, m), x1 = KVA__AVX512_LOAD16_##dt(k1, i, m), qv; \
+    qv = _mm512_maskz_loadu_ps(m, q0 + i);                                                      \
+    a0 = _mm512_fmadd_ps(qv, x0, a0);                                                           \
+    b0 = _mm512_fmadd_ps(qv, x1, b0);                                                           \
+    if (nr > 1) {                                                                               \
+      qv = _mm512_maskz_loadu_ps(m, q1 + i);                                                    \
+      a1 = _mm512_fmadd_ps(qv, x0, a1);                                                         \
+      b1 = _mm512_fmadd_ps(qv, x1, b1);                                                         \
+    }                                                                                           \
+    if (nr > 2) {                                                                               \
+      qv = _mm512_maskz_loadu_ps(m, q2 + i);                                                    \
+      a2 = _mm512_fmadd_ps(qv, x0, a2);                                                         \
+      b2 = _mm512_fmadd_ps(qv, x1, b2);                                                         \
+    }                                                                                           \
+    if (nr > 3) {                                                                               \
+      qv = _mm512_maskz_loadu_ps(m, q3 + i);                                                    \
+      a3 = _mm512_fmadd_ps(qv, x0, a3);                                                         \
+      b3 = _mm512_fmadd_ps(qv, x1, b3);                                                         \
+    }                                                                                           \
+  }
 #define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx512_nr(const float *const *q, const int nr,     \
                                                         const void *const *krows, int nk, int d, \
@@ -875,28 +898,8 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
       const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
       __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
       float KVA__ALIGN(32) s[8];                                                                \
-      for (i = 0; i < d; i += 16) {                                                             \
-        __mmask16 m = kva__mask16(i, d);                                                        \
-        __m512 x0 = KVA__AVX512_LOAD16_##dt(k0, i, m), x1 = KVA__AVX512_LOAD16_##dt(k1, i, m), qv; \
-        qv = _mm512_maskz_loadu_ps(m, q0 + i);                                                  \
-        a0 = _mm512_fmadd_ps(qv, x0, a0);                                                       \
-        b0 = _mm512_fmadd_ps(qv, x1, b0);                                                       \
-        if (nr > 1) {                                                                           \
-          qv = _mm512_maskz_loadu_ps(m, q1 + i);                                                \
-          a1 = _mm512_fmadd_ps(qv, x0, a1);                                                     \
-          b1 = _mm512_fmadd_ps(qv, x1, b1);                                                     \
-        }                                                                                       \
-        if (nr > 2) {                                                                           \
-          qv = _mm512_maskz_loadu_ps(m, q2 + i);                                                \
-          a2 = _mm512_fmadd_ps(qv, x0, a2);                                                     \
-          b2 = _mm512_fmadd_ps(qv, x1, b2);                                                     \
-        }                                                                                       \
-        if (nr > 3) {                                                                           \
-          qv = _mm512_maskz_loadu_ps(m, q3 + i);                                                \
-          a3 = _mm512_fmadd_ps(qv, x0, a3);                                                     \
-          b3 = _mm512_fmadd_ps(qv, x1, b3);                                                     \
-        }                                                                                       \
-      }                                                                                         \
+      for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP(dt, (__mmask16)0xffff)                  \
+      if (i < d) KVA__DOT512_STEP(dt, kva__mask16(i, d))                                        \
       _mm256_store_ps(s, _mm256_set_m128(                                                       \
           kva__hsum4_avx2(kva__fold512(b0), kva__fold512(b1), kva__fold512(b2), kva__fold512(b3)), \
           kva__hsum4_avx2(kva__fold512(a0), kva__fold512(a1), kva__fold512(a2), kva__fold512(a3)))); \
