@@ -4,8 +4,11 @@
    ----------
    MHA / MQA / GQA attention (one family: H query heads share G KV heads),
    causal prefill and decode over a paged KV cache (fixed block pool, block
-   tables, ref-counted blocks), F32 / F16 / BF16 cache storage, RoPE, and a
-   GQA layer forward (projections, RoPE, cache, attention, output).
+   tables, ref-counted blocks, copy-on-write forks, salted prefix caching),
+   F32 / F16 / BF16 / INT8 / FP8 (E4M3, E5M2) cache storage dequantized
+   inside the kernels, sliding-window and H2O eviction, RoPE, split-K decode
+   and batched attention over many sequences, and GQA and MLA (DeepSeek
+   latent cache) layer forwards.
    C99, the C standard library only, optional OpenMP. Every function is
    `KVA_API` (default `static inline`): include the header and call it.
 
@@ -35,10 +38,11 @@
 
    Configuration (define before including)
    ---------------------------------------
-   KVATTN_SIMD          KVA_SIMD_SCALAR, KVA_SIMD_AVX2 or KVA_SIMD_NEON.
-                        Default: the best the compiler targets (AVX2 needs
-                        -mavx2 -mfma -mf16c, or -march=native). Forcing an ISA
-                        the compiler does not target is an #error.
+   KVATTN_SIMD          KVA_SIMD_SCALAR, KVA_SIMD_AVX2, KVA_SIMD_AVX512 or
+                        KVA_SIMD_NEON. Default: the best the compiler targets
+                        (AVX2 needs -mavx2 -mfma -mf16c; AVX-512 adds -mavx512f
+                        -mavx512bw -mavx512vl; -march=native picks for you).
+                        Forcing an ISA the compiler does not target is an #error.
    KVATTN_MALLOC(n)     host allocation (default malloc); KVATTN_FREE(p).
    KVATTN_ASSERT(x)     internal invariants only (default: nothing).
    KVATTN_NO_OPENMP     ignore OpenMP even when compiled with -fopenmp.
