@@ -868,55 +868,56 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
 #define KVA__V512_STORE(r, c) \
   if (nr > r && nv > c) _mm512_mask_storeu_ps(acc[r] + i + 16 * c, m##c, a##r##c);
 
-/* Scores: two keys per step, so 8 independent FMA chains cover the FMA latency. */
+/* Scores: four keys per step against up to four query rows: 16 independent
+   FMA chains, and each loaded q vector serves four keys (with one key per
+   step, q loads outnumber the FMAs). Accumulator s<row><key>. */
+#define KVA__D512_EACH(X) \
+  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
+  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+#define KVA__D512_INIT(r, k) __m512 s##r##k = z;
+#define KVA__D512_FMA(r, k) \
+  if (nr > r) s##r##k = _mm512_fmadd_ps(qv##r, x##k, s##r##k);
 #define KVA__DOT512_STEP(dt, mask)                                                              \
   {                                                                                             \
     const __mmask16 m = (mask);                                                                 \
-    __m512 x0 = KVA__AVX512_LOAD16_##dt(k0, i, m), x1 = KVA__AVX512_LOAD16_##dt(k1, i, m), qv; \
-    qv = _mm512_maskz_loadu_ps(m, q0 + i);                                                      \
-    a0 = _mm512_fmadd_ps(qv, x0, a0);                                                           \
-    b0 = _mm512_fmadd_ps(qv, x1, b0);                                                           \
-    if (nr > 1) {                                                                               \
-      qv = _mm512_maskz_loadu_ps(m, q1 + i);                                                    \
-      a1 = _mm512_fmadd_ps(qv, x0, a1);                                                         \
-      b1 = _mm512_fmadd_ps(qv, x1, b1);                                                         \
-    }                                                                                           \
-    if (nr > 2) {                                                                               \
-      qv = _mm512_maskz_loadu_ps(m, q2 + i);                                                    \
-      a2 = _mm512_fmadd_ps(qv, x0, a2);                                                         \
-      b2 = _mm512_fmadd_ps(qv, x1, b2);                                                         \
-    }                                                                                           \
-    if (nr > 3) {                                                                               \
-      qv = _mm512_maskz_loadu_ps(m, q3 + i);                                                    \
-      a3 = _mm512_fmadd_ps(qv, x0, a3);                                                         \
-      b3 = _mm512_fmadd_ps(qv, x1, b3);                                                         \
-    }                                                                                           \
+    __m512 x0 = KVA__AVX512_LOAD16_##dt(k0, i, m), x1 = KVA__AVX512_LOAD16_##dt(k1, i, m);      \
+    __m512 x2 = KVA__AVX512_LOAD16_##dt(k2, i, m), x3 = KVA__AVX512_LOAD16_##dt(k3, i, m);      \
+    __m512 qv0 = _mm512_maskz_loadu_ps(m, q0 + i);                                              \
+    __m512 qv1 = nr > 1 ? _mm512_maskz_loadu_ps(m, q1 + i) : z;                                 \
+    __m512 qv2 = nr > 2 ? _mm512_maskz_loadu_ps(m, q2 + i) : z;                                 \
+    __m512 qv3 = nr > 3 ? _mm512_maskz_loadu_ps(m, q3 + i) : z;                                 \
+    KVA__D512_EACH(KVA__D512_FMA)                                                               \
   }
+/* row sums of key k's four accumulators, scaled, into the scores */
+#define KVA__DOT512_OUT(dt, k, krow)                                                            \
+  if (j + k < nk) {                                                                             \
+    float KVA__ALIGN(16) t4[4];                                                                 \
+    _mm_store_ps(t4, kva__hsum4_avx2(kva__fold512(s0##k), kva__fold512(s1##k), kva__fold512(s2##k), \
+                                     kva__fold512(s3##k)));                                     \
+    if (KVA__SCALED_##dt) {                                                                     \
+      float ks = kva__rowscale_##dt(krow, d, cs);                                               \
+      for (r = 0; r < nr; r++) t4[r] *= ks;                                                     \
+    }                                                                                           \
+    for (r = 0; r < nr; r++) scores[r * lds + j + k] = t4[r];                                   \
+  }
+
 #define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx512_nr(const float *const *q, const int nr,     \
                                                         const void *const *krows, int nk, int d, \
                                                         float *scores, int lds, float cs) {     \
+    const __m512 z = _mm512_setzero_ps();                                                       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
-    for (j = 0; j < nk; j += 2) {                                                               \
+    for (j = 0; j < nk; j += 4) { /* past the end, k1..k3 repeat the last key; not stored */    \
       const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
-      float KVA__ALIGN(32) s[8];                                                                \
+      const void *k2 = krows[j + 2 < nk ? j + 2 : j], *k3 = krows[j + 3 < nk ? j + 3 : j];      \
+      KVA__D512_EACH(KVA__D512_INIT)                                                            \
       for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP(dt, (__mmask16)0xffff)                  \
       if (i < d) KVA__DOT512_STEP(dt, kva__mask16(i, d))                                        \
-      _mm256_store_ps(s, _mm256_set_m128(                                                       \
-          kva__hsum4_avx2(kva__fold512(b0), kva__fold512(b1), kva__fold512(b2), kva__fold512(b3)), \
-          kva__hsum4_avx2(kva__fold512(a0), kva__fold512(a1), kva__fold512(a2), kva__fold512(a3)))); \
-      if (KVA__SCALED_##dt) {                                                                   \
-        float ks0 = kva__rowscale_##dt(k0, d, cs), ks1 = kva__rowscale_##dt(k1, d, cs);         \
-        for (r = 0; r < nr; r++) {                                                              \
-          s[r] *= ks0;                                                                          \
-          s[4 + r] *= ks1;                                                                      \
-        }                                                                                       \
-      }                                                                                         \
-      for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
-      if (j + 1 < nk)                                                                           \
-        for (r = 0; r < nr; r++) scores[r * lds + j + 1] = s[4 + r];                            \
+      KVA__DOT512_OUT(dt, 0, k0)                                                                \
+      KVA__DOT512_OUT(dt, 1, k1)                                                                \
+      KVA__DOT512_OUT(dt, 2, k2)                                                                \
+      KVA__DOT512_OUT(dt, 3, k3)                                                                \
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx512(const float *const *q, int nr, const void *const *krows, \
