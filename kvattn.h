@@ -1563,17 +1563,31 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
         int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
         kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs);
       }
-      for (j = 0; j < nk; j++) {
-        int tk = j0 + j, bs = w->block_size;
-        float sum = 0.0f;
+      { /* each row's final probabilities (vector exp), summed per key in row order */
+        float colsum[KVA__TILE];
+        int all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
+        memset(colsum, 0, sizeof colsum);
         for (t = 0; t < nrows; t++) {
-          float x = scores[t * KVA__TILE + j] * P->scale;
-          if (l[t] <= 0.0f || !kva__visible(P, qp[t], kpos[j])) continue;
-          if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
-          sum += expf(x - m[t]) / l[t];
+          float *s = scores + t * KVA__TILE, inv;
+          if (l[t] <= 0.0f) continue;
+          if (all_visible && P->softcap <= 0.0f) {
+            (void)kva__scale_max(s, nk, P->scale);
+          } else {
+            for (j = 0; j < nk; j++) {
+              float x = s[j] * P->scale;
+              if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
+              s[j] = all_visible || kva__visible(P, qp[t], kpos[j]) ? x : -INFINITY;
+            }
+          }
+          (void)kva__exp_sub_sum(s, nk, m[t]);
+          inv = 1.0f / l[t];
+          for (j = 0; j < nk; j++) colsum[j] += s[j] * inv;
         }
-        w->key_scores[((size_t)w->table[tk / bs] * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs +
-                      (size_t)(tk % bs)] += sum;
+        for (j = 0; j < nk; j++) {
+          int tk = j0 + j, bs = w->block_size;
+          w->key_scores[((size_t)w->table[tk / bs] * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs +
+                        (size_t)(tk % bs)] += colsum[j];
+        }
       }
     }
   }
