@@ -23,7 +23,8 @@ const char *kt_test_name;
   X(evict)             \
   X(mla)               \
   X(paged) X(paged_weak) \
-  X(gqa) X(quant)
+  X(gqa) X(quant)      \
+  X(batch)
 
 #define KT_DECLARE(name) void test_##name(void);
 KT_SECTIONS(KT_DECLARE)
