@@ -450,7 +450,9 @@ static inline size_t kva__dtype_size(kva_dtype t) {
    same kernel reads plain arrays, paged blocks and (later) compacted slots.
    ====================================================================== */
 
+#ifndef KVA__TILE
 #define KVA__TILE 64     /* keys per tile: a tile's K and V stay in L1/L2 */
+#endif
 #define KVA__MAXROWS 64  /* query rows (query x head) handled per pass */
 #define KVA__NR 4        /* query rows per register block */
 #define KVA__SPLIT_MIN 1024   /* split-K: fewest keys per split */
@@ -606,6 +608,17 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* The value kernel's 4 rows x 4 vectors of accumulators, spelled out so
+   that they stay in registers (loops over arrays of vectors do not). */
+#define KVA__V256_EACH(X) \
+  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
+  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+#define KVA__V256_INIT(r, c) __m256 a##r##c = nr > r && nv > c ? _mm256_loadu_ps(acc[r] + i + 8 * c) : z;
+#define KVA__V256_FMA(r, c) \
+  if (nr > r && nv > c) a##r##c = _mm256_fmadd_ps(p##r, v##c, a##r##c);
+#define KVA__V256_STORE(r, c) \
+  if (nr > r && nv > c) _mm256_storeu_ps(acc[r] + i + 8 * c, a##r##c);
+
 /* The bodies take nr as a parameter and are force-inlined at call sites
    with a constant nr, so the row loops unroll and stay in registers. */
 #define KVA__DEFINE_AVX2_KERNELS(dt)                                                            \
@@ -649,39 +662,38 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
       default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds, cs); break;            \
     }                                                                                           \
   }                                                                                             \
+  /* one strip of nv (<= 4) vectors of 8 columns from column i, nr rows */                    \
+  KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx2(float *const *acc, const int nr, const float *p, \
+                                                     int ldp, const void *const *vrows, int nk,  \
+                                                     int i, const int nv) {                     \
+    const __m256 z = _mm256_setzero_ps();                                                       \
+    int j;                                                                                      \
+    KVA__V256_EACH(KVA__V256_INIT)                                                              \
+    for (j = 0; j < nk; j++) {                                                                  \
+      const void *vr = vrows[j];                                                                \
+      __m256 v0 = KVA__AVX2_LOAD8_##dt(vr, i);                                                  \
+      __m256 v1 = nv > 1 ? KVA__AVX2_LOAD8_##dt(vr, i + 8) : z;                                 \
+      __m256 v2 = nv > 2 ? KVA__AVX2_LOAD8_##dt(vr, i + 16) : z;                                \
+      __m256 v3 = nv > 3 ? KVA__AVX2_LOAD8_##dt(vr, i + 24) : z;                                \
+      __m256 p0 = _mm256_broadcast_ss(p + j);                                                   \
+      __m256 p1 = nr > 1 ? _mm256_broadcast_ss(p + ldp + j) : z;                                \
+      __m256 p2 = nr > 2 ? _mm256_broadcast_ss(p + 2 * ldp + j) : z;                            \
+      __m256 p3 = nr > 3 ? _mm256_broadcast_ss(p + 3 * ldp + j) : z;                            \
+      KVA__V256_EACH(KVA__V256_FMA)                                                             \
+    }                                                                                           \
+    KVA__V256_EACH(KVA__V256_STORE)                                                             \
+  }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
                                                        const void *const *vrows, int nk, int dv, float cs) { \
-    int j, i, r;                                                                                \
+    int i, j, r;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 16 <= dv; i += 16) { /* 16 columns x nr rows live in registers */          \
-      __m256 a[4][2];                                                                           \
-      for (r = 0; r < nr; r++) {                                                                \
-        a[r][0] = _mm256_loadu_ps(acc[r] + i);                                                  \
-        a[r][1] = _mm256_loadu_ps(acc[r] + i + 8);                                              \
-      }                                                                                         \
-      for (j = 0; j < nk; j++) {                                                                \
-        __m256 v0 = KVA__AVX2_LOAD8_##dt(vrows[j], i), v1 = KVA__AVX2_LOAD8_##dt(vrows[j], i + 8); \
-        for (r = 0; r < nr; r++) {                                                              \
-          __m256 pb = _mm256_broadcast_ss(p + r * ldp + j);                                     \
-          a[r][0] = _mm256_fmadd_ps(pb, v0, a[r][0]);                                           \
-          a[r][1] = _mm256_fmadd_ps(pb, v1, a[r][1]);                                           \
-        }                                                                                       \
-      }                                                                                         \
-      for (r = 0; r < nr; r++) {                                                                \
-        _mm256_storeu_ps(acc[r] + i, a[r][0]);                                                  \
-        _mm256_storeu_ps(acc[r] + i + 8, a[r][1]);                                              \
-      }                                                                                         \
-    }                                                                                           \
-    for (; i + 8 <= dv; i += 8) {                                                               \
-      __m256 a[4];                                                                              \
-      for (r = 0; r < nr; r++) a[r] = _mm256_loadu_ps(acc[r] + i);                              \
-      for (j = 0; j < nk; j++) {                                                                \
-        __m256 v0 = KVA__AVX2_LOAD8_##dt(vrows[j], i);                                          \
-        for (r = 0; r < nr; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ldp + j), v0, a[r]); \
-      }                                                                                         \
-      for (r = 0; r < nr; r++) _mm256_storeu_ps(acc[r] + i, a[r]);                              \
+    /* 16 ymm registers: strips of 2 vectors (8 accumulators, 2 values, 4 broadcasts) */      \
+    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 2); \
+    if (dv - i >= 8) {                                                                          \
+      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 1);                            \
+      i += 8;                                                                                   \
     }                                                                                           \
     for (; i < dv; i++)                                                                         \
       for (j = 0; j < nk; j++) {                                                                \
