@@ -5,7 +5,8 @@
 
    Subcommands (the first argument; default "summary"):
      summary    the memory table for every preset + one decode line per variant
-                (F16, 1 thread, cold, 4096 and 32768 tokens) with its bandwidth ratio
+                (F16, 1 thread, cold, 4096 and 32768 tokens) with its bandwidth ratio; GQA decode
+                per dtype (f16, int8, fp8) against the int8/fp8 time targets
      memory     bytes per token for MHA / MQA / GQA / MLA of each model per dtype,
                 checked against a real cache; FACTS.md checks; the seed's table corrected
      speed      this machine's read bandwidth and FMA peak, then decode / prefill timings
@@ -219,6 +220,10 @@ static int cmp_double(const void *a, const void *b) {
   X(NRECENT, "n_recent") X(HELD, "held") X(ERRMEAN, "rel_err_mean") X(ERRMAX, "rel_err_max")               \
   X(HEAVYKEPT, "heavy_kept") X(RECENTMASS, "recent_mass") X(BHELD, "bytes_held") X(BFRAC, "bytes_vs_full") \
   X(STEPMID, "step_s_mid") X(STEPEND, "step_s_end") X(STEPRATIO, "step_end_over_mid")                      \
+  X(NSTOK, "ns_per_token") X(BASEMIN, "base_time_min_s") X(BASEMAX, "base_time_max_s")                     \
+  X(RATIOMIN, "ratio_min") X(PLAN, "plan_s") X(TOKENS, "tokens_total") X(LENS, "lengths")                   \
+  X(SPLITS, "kv_splits") X(UNITS, "work_units") X(IDENT, "identical") X(TENSOR, "tensor") X(RULE, "rule")    \
+  X(SCALE, "scale") X(RTRMS, "roundtrip_rel_rms") X(SAT, "saturated")                                       \
   X(WHERE, "where") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,
@@ -373,7 +378,8 @@ static void progress_end(void) {
   if (!g_quiet && isatty(2)) fputs("\r\033[K", stderr);
 }
 
-enum { FM_STR, FM_INT, FM_SEP, FM_GB, FM_GIB, FM_MIB, FM_MS, FM_RANGE, FM_F1, FM_F2, FM_F3, FM_PCT, FM_X, FM_E, FM_TOK, FM_US };
+enum { FM_STR, FM_INT, FM_SEP, FM_GB, FM_GIB, FM_MIB, FM_MS, FM_RANGE, FM_RANGEB, FM_F1, FM_F2, FM_F3, FM_PCT, FM_X, FM_E,
+       FM_TOK, FM_US, FM_G3 };
 
 typedef struct {
   int col;
@@ -392,11 +398,12 @@ static void fmt_ms(double s, char *b, size_t n) {
 static void fmt_cell(const row *r, const vcol *v, char *b, size_t n) {
   double x = r->num[v->col];
   b[0] = 0;
-  if (v->fm == FM_RANGE) {
+  if (v->fm == FM_RANGE || v->fm == FM_RANGEB) { /* min-max of the time (RANGEB: of the base time) */
     char a[32], c[32];
-    if (r->kind[C_TMIN] != 1 || r->kind[C_TMAX] != 1) return;
-    fmt_ms(r->num[C_TMIN], a, sizeof a);
-    fmt_ms(r->num[C_TMAX], c, sizeof c);
+    int lo = v->fm == FM_RANGE ? C_TMIN : C_BASEMIN, hi = v->fm == FM_RANGE ? C_TMAX : C_BASEMAX;
+    if (r->kind[lo] != 1 || r->kind[hi] != 1) return;
+    fmt_ms(r->num[lo], a, sizeof a);
+    fmt_ms(r->num[hi], c, sizeof c);
     snprintf(b, n, "%s-%s", a, c);
     return;
   }
@@ -423,6 +430,7 @@ static void fmt_cell(const row *r, const vcol *v, char *b, size_t n) {
     case FM_X: snprintf(b, n, "%.2f", x); break;
     case FM_E: snprintf(b, n, "%.1e", x); break;
     case FM_US: snprintf(b, n, x * 1e6 < 100 ? "%.1f" : "%.0f", x * 1e6); break;
+    case FM_G3: snprintf(b, n, "%.3g", x); break;
     case FM_TOK:
       if (x < 0) snprintf(b, n, "unbounded");
       else fmt_sep(x, b, n);
@@ -1277,10 +1285,11 @@ static const float *pool_at(uint64_t *rng, size_t need) {
 /* A one-layer cache holding ctx tokens of random K/V. The last kva_seq_append is
    `tail` tokens (1 for decode, n_q for prefill). scatter: the sequence's blocks are
    spread over the pool in a shuffled order (a server's pool after a while), else
-   they are consecutive. k_scale/v_scale: FP8 scales (1.0 for timing). */
-static kva_status build_cache(const shape *s, kva_dtype dt, long ctx, int tail, int bs, int scatter, float k_scale,
-                              float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
-                              kva_cache **out, int *seq_out) {
+   they are consecutive. k_scale/v_scale: FP8 scales (1.0 for timing). vdt: V's storage type
+   (KVA_DTYPE_DEFAULT: the same as K's). */
+static kva_status build_cache_kv(const shape *s, kva_dtype dt, kva_dtype vdt, long ctx, int tail, int bs, int scatter,
+                                 float k_scale, float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
+                                 kva_cache **out, int *seq_out) {
   kva_cache_desc d;
   kva_cache *c = NULL;
   kva_status st;
@@ -1296,6 +1305,7 @@ static kva_status build_cache(const shape *s, kva_dtype dt, long ctx, int tail, 
   d.block_size = bs;
   d.n_blocks = (int)nb;
   d.dtype = dt;
+  d.v_dtype = vdt;
   d.k_scale = k_scale;
   d.v_scale = v_scale;
   if (scatter) helpers = nb < 256 ? (int)nb : 256;
@@ -1342,6 +1352,13 @@ fail_st:
   return st;
 }
 
+static kva_status build_cache(const shape *s, kva_dtype dt, long ctx, int tail, int bs, int scatter, float k_scale,
+                              float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
+                              kva_cache **out, int *seq_out) {
+  return build_cache_kv(s, dt, KVA_DTYPE_DEFAULT, ctx, tail, bs, scatter, k_scale, v_scale, k_all, v_all, rng, out,
+                        seq_out);
+}
+
 typedef struct {
   kva_cache *c;
   int seq;
@@ -1349,12 +1366,16 @@ typedef struct {
   const float *q, *k, *v;
   int n_q, n_kv;
   float *out;
+  kva_batch *plan;   /* call_batch: a kva_batch_plan of seqs */
+  const int *seqs;   /* call_batch, call_loop: n_seqs sequences, one query token each */
+  int n_seqs;
 } call_ctx;
 
 static kva_status call_cache(const call_ctx *x) { return kva_attend_cache(x->c, x->seq, 0, &x->a, x->q, x->n_q, x->out); }
 static kva_status call_array(const call_ctx *x) {
   return kva_attend(&x->a, x->q, x->n_q, NULL, x->k, x->v, x->n_kv, NULL, x->out, NULL);
 }
+typedef kva_status (*call_fn)(const call_ctx *);
 
 typedef struct {
   double med, mn, mx;
@@ -1402,6 +1423,57 @@ static void set_timing(row *w, const timing *t) {
   rn(w, C_TMAX, t->mx);
 }
 
+/* the base of a ratio (f16 for dtypes, 1 thread for threads, the loop for batch) */
+static void set_base_timing(row *w, const timing *t) {
+  rn(w, C_BASET, t->med);
+  rn(w, C_BASEMIN, t->mn);
+  rn(w, C_BASEMAX, t->mx);
+}
+
+#define TI_MAXREPS 256
+/* n calls timed in turns: each repetition runs every call once, the first one rotating, so
+   drifts in clock speed and load from other processes hit them alike and their ratios stay
+   fair on a busy machine. One warm-up call each first (its status is the row's); cold:
+   caches flushed before every timed call. Repetitions as time_calls, from the slowest call. */
+static void time_interleaved(const call_fn *f, const call_ctx *x, int n, int cold, int reps, timing *out) {
+  double *ts, slow = 0;
+  int i, j, k, bad = 0;
+  if (reps > TI_MAXREPS) reps = TI_MAXREPS;
+  if (reps < 1) reps = 1;
+  memset(out, 0, (size_t)n * sizeof *out);
+  for (j = 0; j < n; j++) {
+    double t0 = now_s(), t1;
+    out[j].st = f[j](&x[j]);
+    t1 = now_s() - t0;
+    if (out[j].st != KVA_OK) bad = 1;
+    if (t1 > slow) slow = t1;
+  }
+  if (bad) return;
+  if (!g_reps_exact) {
+    int want = slow > 0 ? (int)(0.15 / slow) : TI_MAXREPS, cap = cold ? 15 : 51;
+    if (want > cap) want = cap;
+    if (want > reps) reps = want;
+  }
+  ts = (double *)xalloc((size_t)n * TI_MAXREPS * sizeof(double));
+  for (i = 0; i < reps; i++)
+    for (k = 0; k < n; k++) {
+      double t0;
+      j = (i + k) % n;
+      if (cold) flush_caches();
+      t0 = now_s();
+      f[j](&x[j]);
+      ts[(size_t)j * TI_MAXREPS + (size_t)i] = now_s() - t0;
+    }
+  for (j = 0; j < n; j++) {
+    double *t = ts + (size_t)j * TI_MAXREPS;
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    out[j].mn = t[0];
+    out[j].mx = t[reps - 1];
+    out[j].med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  }
+  free(ts);
+}
+
 /* KV bytes, flop, roofline columns of a decode/prefill row */
 static void set_roof(row *w, const machine *m, int nt, double kvbytes, double flop, double t) {
   const roof *r = roof_for(m, nt);
@@ -1437,7 +1509,7 @@ static float *rand_floats(size_t n, uint64_t *rng) {
 static const vcol decode_view[] = {
     {C_VARIANT, "variant", FM_STR}, {C_DTYPE, "dtype", FM_STR},   {C_CTX, "ctx", FM_SEP},
     {C_THREADS, "thr", FM_INT},     {C_MODE, "mode", FM_STR},     {C_TMED, "ms med", FM_MS},
-    {C_TMIN, "ms min-max", FM_RANGE}, {C_KVBYTES, "KV MiB", FM_MIB}, {C_GBPS, "GB/s", FM_F1},
+    {C_TMIN, "ms min-max", FM_RANGE}, {C_NSTOK, "ns/tok", FM_F1}, {C_KVBYTES, "KV MiB", FM_MIB}, {C_GBPS, "GB/s", FM_F1},
     {C_BWRATIO, "/BW", FM_X},       {C_GFLOPS, "GFLOP/s", FM_F1}, {C_FMARATIO, "/FMA", FM_X},
     {C_BOUND, "bound", FM_STR},     {C_ROOFRATIO, "/roof", FM_X}, {C_NOTE, "note", FM_STR}};
 
@@ -1499,7 +1571,7 @@ static void run_decode(const opts *o, const machine *m, rows *t) {
             set_timing(w, &tm);
             set_roof(w, m, (int)o->threads[ti], (double)ctx * (double)shape_bpt(&s, dt),
                      2.0 * s.H * (double)ctx * (s.D + s.DV), tm.med);
-            if (s.G == 1 && o->threads[ti] > 1) rs(w, C_NOTE, "one KV head: one work item, no threading");
+            rn(w, C_NSTOK, tm.med / (double)ctx * 1e9);
           }
         if (c) kva_cache_destroy(c);
         free(q);
@@ -1651,6 +1723,110 @@ static void run_paged_vs_contig(const opts *o, rows *t) {
 }
 
 static void print_decode(const rows *t, const char *title) { print_table(title, decode_view, NV(decode_view), t, C_VARIANT); }
+
+/* ---- decode per storage dtype against f16, with the targets ---- */
+
+/* time(dtype) / time(f16) targets for GQA decode at long context: a 1-byte type reads about
+   half of f16's bytes, so a bandwidth-bound decode should approach 0.5 */
+static double dtype_target(kva_dtype dt) {
+  return dt == KVA_INT8 ? 0.65 : (dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2) ? 0.75 : 0;
+}
+
+/* GQA decode (o->H, o->G, o->D), 1 thread, cold caches, at the largest --ctx: f16, int8,
+   fp8_e4m3, fp8_e5m2, timed in turns (time_interleaved) so that their ratios share the
+   machine's conditions. Rows: section decode_dtype. */
+static void run_dtype_block(const opts *o, const machine *m, rows *t) {
+  static const kva_dtype dts[] = {KVA_F16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
+  enum { ND = 4 };
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  long ctx = 0;
+  kva_cache *c[ND];
+  kva_status st[ND];
+  call_ctx x[ND];
+  call_fn f[ND];
+  timing tm[ND];
+  int seq[ND], i, j, n = 0, idx[ND];
+  uint64_t rng = o->seed + 5;
+  float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+  for (i = 0; i < o->n_ctx; i++)
+    if (o->ctx[i] > ctx) ctx = o->ctx[i];
+  for (i = 0; i < ND; i++) {
+    c[i] = NULL;
+    progress("decode per dtype: %s ctx=%ld, filling the cache", dtype_str(dts[i]), ctx);
+    st[i] = build_cache(&s, dts[i], ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c[i], &seq[i]);
+    if (st[i] != KVA_OK) continue;
+    memset(&x[n], 0, sizeof x[n]);
+    x[n].c = c[i];
+    x[n].seq = seq[i];
+    x[n].a = shape_attn(&s, 1);
+    x[n].q = q;
+    x[n].n_q = 1;
+    x[n].out = out;
+    f[n] = call_cache;
+    idx[n++] = i;
+  }
+  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, cold", ctx, n);
+  if (n) time_interleaved(f, x, n, 1, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
+  progress_end();
+  for (i = 0; i < ND; i++) {
+    row *w = rows_add(t, "decode_dtype");
+    timing *ti = NULL, *base = NULL;
+    double tgt = dtype_target(dts[i]);
+    for (j = 0; j < n; j++) {
+      if (idx[j] == i) ti = &tm[j];
+      if (dts[idx[j]] == KVA_F16 && tm[j].st == KVA_OK) base = &tm[j];
+    }
+    set_shape_cols(w, &s, dts[i]);
+    rn(w, C_CTX, (double)ctx);
+    rn(w, C_THREADS, 1);
+    rs(w, C_MODE, "cold");
+    rn(w, C_NQ, 1);
+    rn(w, C_BLOCK, 16);
+    if (st[i] != KVA_OK || !ti || ti->st != KVA_OK) {
+      kva_status e = st[i] != KVA_OK ? st[i] : ti ? ti->st : KVA_ERR_ARG;
+      rs(w, C_NOTE, e == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "%s: %s", st[i] != KVA_OK ? "cache" : "attend",
+         kva_status_str(e));
+      if (e != KVA_ERR_UNSUPPORTED) g_failed = 1;
+      continue;
+    }
+    set_timing(w, ti);
+    set_roof(w, m, 1, (double)ctx * (double)shape_bpt(&s, dts[i]), 2.0 * s.H * (double)ctx * (s.D + s.DV), ti->med);
+    rn(w, C_NSTOK, ti->med / (double)ctx * 1e9);
+    if (!base) continue;
+    set_base_timing(w, base);
+    rn(w, C_RATIO, ti->med / base->med);
+    rn(w, C_RATIOMIN, ti->mn / base->mn);
+    if (tgt > 0) {
+      rn(w, C_EXPECTED, tgt);
+      rs(w, C_PASS, ti->med / base->med <= tgt ? "met" : "missed");
+    }
+    rs(w, C_NOTE, "%s", dts[i] == KVA_F16 ? "the base"
+                        : dts[i] == KVA_INT8 ? "1 B/value + an fp32 scale per token and KV head"
+                                             : "1 B/value, tensor scale 1.0 (timing does not depend on it)");
+  }
+  for (i = 0; i < ND; i++)
+    if (c[i]) kva_cache_destroy(c[i]);
+  free(q);
+  free(out);
+}
+
+static void print_dtype_block(const rows *t, const opts *o) {
+  static const vcol v[] = {{C_DTYPE, "dtype", FM_STR},      {C_TMED, "ms med", FM_MS},      {C_TMIN, "ms min-max", FM_RANGE},
+                           {C_KVBYTES, "KV MiB", FM_MIB},   {C_GBPS, "GB/s", FM_F1},        {C_BWRATIO, "/BW", FM_X},
+                           {C_FMARATIO, "/FMA", FM_X},      {C_BOUND, "bound", FM_STR},     {C_RATIO, "vs f16", FM_X},
+                           {C_RATIOMIN, "(min)", FM_X},     {C_EXPECTED, "target", FM_F2},  {C_PASS, "", FM_STR},
+                           {C_NOTE, "note", FM_STR}};
+  char title[900], ctxs[32];
+  fmt_sep(t->n ? t->r[0].num[C_CTX] : 0, ctxs, sizeof ctxs);
+  snprintf(title, sizeof title,
+           "Decode per storage dtype: GQA H=%d G=%d D=%d, %s tokens, 1 thread, cold caches; the four caches timed\n"
+           "  in turns (one call of each per round) so that their ratios share the machine's conditions.\n"
+           "  vs f16 = median time / f16's median ((min) = the ratio of the fastest calls, less sensitive to\n"
+           "  other load); target = the issue's (int8 <= 0.65, fp8 <= 0.75 of f16); bound = the roof with the\n"
+           "  longer floor (mem: KV bytes / read bandwidth, fma: flop / FMA peak), /BW and /FMA its ratios.",
+           o->H, o->G, o->D, ctxs);
+  print_table(title, v, NV(v), t, -1);
+}
 
 static void cmd_speed(const opts *o, const machine *m) {
   rows t = {0};
@@ -3155,7 +3331,10 @@ static void usage(void) {
       "subcommands\n"
       "  summary     (default; what `make bench` runs) the memory table of every preset, the FACTS.md\n"
       "              checks and the seed's corrected table, this machine's read bandwidth and FMA peak,\n"
-      "              and one decode line per variant: F16, 1 thread, cold, 4096 and 32768 tokens\n"
+      "              and one decode line per variant: F16, 1 thread, cold, 4096 and 32768 tokens; then\n"
+      "              GQA decode at the largest --ctx per dtype (f16, int8, fp8_e4m3, fp8_e5m2; 1 thread,\n"
+      "              cold, timed in turns, at least 9 reps unless --reps): time vs f16 against the\n"
+      "              targets int8 <= 0.65, fp8 <= 0.75 (met / missed), the bound roof, /BW\n"
       "  memory      bytes per token for MHA, MQA, GQA and MLA of each model, per dtype; at --ctx and\n"
       "              --batch; what fits --mem; checked against a real cache; FACTS.md checks; the seed's\n"
       "              comparison table corrected; KV memory against context (the plot's data)\n"
@@ -3587,6 +3766,10 @@ int main(int argc, char **argv) {
     print_decode(&t, "Decode summary: one query token over an F16 cache (H=32 G=8 D=128 and its MHA/MQA/MLA\n"
                      "  variants), 1 thread, cold caches; /BW = KV bytes per second over the read bandwidth above\n"
                      "  (`kvattn_bench speed` for dtypes, threads, warm caches, prefill; --help for all)");
+    emit_rows(&t);
+    rows_free(&t);
+    run_dtype_block(&o, &m, &t);
+    print_dtype_block(&t, &o);
     emit_rows(&t);
     rows_free(&t);
   } else if (!strcmp(cmd, "speed") || !strcmp(cmd, "all")) {
