@@ -52,6 +52,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+/* whether the library threads (it ignores OpenMP under KVATTN_NO_OPENMP) */
+#if defined(_OPENMP) && !defined(KVATTN_NO_OPENMP)
+#define BENCH_OMP 1
+#else
+#define BENCH_OMP 0
+#endif
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
@@ -513,7 +519,7 @@ typedef struct {
   const char *cmd;
   int quick, reps, reps_set;
   long ctx[MAXL];
-  int n_ctx;
+  int n_ctx, ctx_set, threads_set;
   long batch;
   double mem;
   kva_dtype dtypes[MAXL];
@@ -541,9 +547,16 @@ typedef struct {
   int n_budgets;
 } opts;
 
-/* parts of paged (attn, trace, prefix, ops) and quality (dtypes, evict) */
-enum { PART_ATTN = 1, PART_TRACE = 2, PART_PREFIX = 4, PART_OPS = 8, PART_DTYPES = 16, PART_EVICT = 32, PART_ALL = 63 };
-static const char *part_name[] = {"attn", "trace", "prefix", "ops", "dtypes", "evict"};
+/* parts of paged (attn, trace, prefix, ops), quality (dtypes, evict, calib) and speed (decode, prefill,
+   contig, threads, batch, sweep); the default is every part but sweep */
+enum {
+  PART_ATTN = 1, PART_TRACE = 2, PART_PREFIX = 4, PART_OPS = 8, PART_DTYPES = 16, PART_EVICT = 32,
+  PART_DECODE = 64, PART_PREFILL = 128, PART_CONTIG = 256, PART_THREADS = 512, PART_BATCH = 1024,
+  PART_SWEEP = 2048, PART_CALIB = 4096, PART_ALL = 8191 & ~PART_SWEEP
+};
+static const char *part_name[] = {"attn",   "trace",   "prefix",  "ops",   "dtypes", "evict", "decode",
+                                  "prefill", "contig", "threads", "batch", "sweep",  "calib"};
+#define PART_LIST "attn,trace,prefix,ops (paged); dtypes,evict,calib (quality); decode,prefill,contig,threads,batch,sweep (speed)"
 
 /* =====================================================================
    the machine: streaming read bandwidth and FP32 FMA peak
@@ -1828,13 +1841,163 @@ static void print_dtype_block(const rows *t, const opts *o) {
   print_table(title, v, NV(v), t, -1);
 }
 
+/* ---- thread scaling of decode; split-K's promise: the same bits for any thread count ---- */
+
+/* The library's split-K rule as README.md states it: a decode call has (KV head, 64-row chunk)
+   work items; with fewer than 8, each item's keys are cut into splits of at least 1,024 keys
+   (as many as make 8 units). Shown to explain the tables; the bench does not depend on it. */
+static int doc_items(int H, int G, int n_q) { return G * ((n_q * (H / G) + 63) / 64); }
+static int doc_splits(int items, long n_kv) {
+  long sp;
+  if (items >= 8) return 1;
+  sp = (8 + items - 1) / items;
+  if (sp > n_kv / 1024) sp = n_kv / 1024;
+  return sp < 1 ? 1 : (int)sp;
+}
+
+/* the thread count compared with 1: the largest of --threads, else 2 */
+static int scaling_threads(const opts *o) {
+  int k, t = 2;
+  if (o->threads_set) {
+    t = 1;
+    for (k = 0; k < o->n_threads; k++)
+      if (o->threads[k] > t) t = (int)o->threads[k];
+    if (t < 2) t = 2;
+  }
+  return t;
+}
+
+static void run_threads(const opts *o, const machine *m, rows *t) {
+  static const long def_ctx[] = {4096, 32768}, quick_ctx[] = {4096};
+  struct {
+    int var, H, G;
+  } cs[4];
+  const long *ctxs = o->ctx_set ? o->ctx : o->quick ? quick_ctx : def_ctx;
+  int n_ctx = o->ctx_set ? o->n_ctx : o->quick ? 1 : 2, T = scaling_threads(o), ci, k, mode;
+  uint64_t rng = o->seed + 6;
+  cs[0].var = V_MQA; cs[0].H = o->H; cs[0].G = 1;
+  cs[1].var = V_MLA; cs[1].H = 16;   cs[1].G = 1;
+  cs[2].var = V_MLA; cs[2].H = 128;  cs[2].G = 1;
+  cs[3].var = V_GQA; cs[3].H = o->H; cs[3].G = o->G;
+  for (k = 0; k < 4; k++)
+    for (ci = 0; ci < n_ctx; ci++) {
+      shape s = variant_shape(cs[k].var, cs[k].H, cs[k].G, o->D);
+      long ctx = ctxs[ci];
+      size_t no = (size_t)s.H * s.DV;
+      float *q = rand_floats((size_t)s.H * s.D, &rng), *out[2], *first[2];
+      kva_cache *c = NULL;
+      int seq, items = doc_items(s.H, s.G, 1), sp = doc_splits(items, ctx), j;
+      kva_status st;
+      for (j = 0; j < 2; j++) {
+        out[j] = (float *)xalloc(no * sizeof(float));
+        first[j] = (float *)xalloc(no * sizeof(float));
+      }
+      progress("threads %s H=%d ctx=%ld: filling the cache", variant_name[s.var], s.H, ctx);
+      st = build_cache(&s, KVA_F16, ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
+      for (mode = 0; mode < 2; mode++) {
+        call_ctx x[2];
+        call_fn f[2];
+        timing tm[2];
+        row *w;
+        int same_first, same_after, stable;
+        if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+        w = rows_add(t, "threads");
+        set_shape_cols(w, &s, KVA_F16);
+        rn(w, C_CTX, (double)ctx);
+        rn(w, C_THREADS, T);
+        rs(w, C_MODE, mode == 0 ? "cold" : "warm");
+        rn(w, C_NQ, 1);
+        rn(w, C_BLOCK, 16);
+        rn(w, C_SPLITS, sp);
+        rn(w, C_UNITS, (double)items * sp);
+        if (st != KVA_OK) {
+          rs(w, C_NOTE, "cache: %s", kva_status_str(st));
+          g_failed = 1;
+          continue;
+        }
+        progress("threads %s H=%d ctx=%ld: 1 and %d threads, %s", variant_name[s.var], s.H, ctx, T,
+                 mode == 0 ? "cold" : "warm");
+        for (j = 0; j < 2; j++) {
+          memset(&x[j], 0, sizeof x[j]);
+          x[j].c = c;
+          x[j].seq = seq;
+          x[j].a = shape_attn(&s, j ? T : 1);
+          x[j].q = q;
+          x[j].n_q = 1;
+          x[j].out = out[j];
+          f[j] = call_cache;
+          if ((st = call_cache(&x[j])) != KVA_OK) break;
+          memcpy(first[j], out[j], no * sizeof(float));
+        }
+        if (st == KVA_OK) time_interleaved(f, x, 2, mode == 0, o->reps, tm);
+        if (st != KVA_OK || tm[0].st != KVA_OK || tm[1].st != KVA_OK) {
+          rs(w, C_NOTE, "attend: %s", kva_status_str(st != KVA_OK ? st : tm[0].st != KVA_OK ? tm[0].st : tm[1].st));
+          g_failed = 1;
+          continue;
+        }
+        /* the first outputs of 1 and T threads, and every call's (the last one left in out) */
+        same_first = memcmp(first[0], first[1], no * sizeof(float)) == 0;
+        same_after = memcmp(out[0], out[1], no * sizeof(float)) == 0;
+        stable = memcmp(out[0], first[0], no * sizeof(float)) == 0 && memcmp(out[1], first[1], no * sizeof(float)) == 0;
+        set_base_timing(w, &tm[0]);
+        set_timing(w, &tm[1]);
+        rn(w, C_RATIO, tm[0].med / tm[1].med);
+        set_roof(w, m, T, (double)ctx * (double)shape_bpt(&s, KVA_F16), 2.0 * s.H * (double)ctx * (s.D + s.DV),
+                 tm[1].med);
+        rn(w, C_NSTOK, tm[1].med / (double)ctx * 1e9);
+        if (same_first && same_after && stable) rs(w, C_IDENT, "bit-identical");
+        else {
+          double mx = 0;
+          size_t z;
+          for (z = 0; z < no; z++)
+            if (fabs((double)first[0][z] - first[1][z]) > mx) mx = fabs((double)first[0][z] - first[1][z]);
+          rs(w, C_IDENT, "DIFFER%s (max %.2g)", stable ? "" : ", run to run", mx);
+          g_failed = 1;
+        }
+        if (!BENCH_OMP) rs(w, C_NOTE, "built without OpenMP: 1 thread");
+        else if (s.var == V_MLA) rs(w, C_NOTE, "absorbed: one latent KV head of %d, v_dim %d", s.D, s.DV);
+      }
+      if (c) kva_cache_destroy(c);
+      free(q);
+      for (j = 0; j < 2; j++) {
+        free(out[j]);
+        free(first[j]);
+      }
+    }
+  progress_end();
+}
+
+static void print_threads(const rows *t, const opts *o) {
+  static const vcol v[] = {{C_VARIANT, "variant", FM_STR},  {C_HEADS, "H", FM_INT},          {C_KVHEADS, "G", FM_INT},
+                           {C_HEADDIM, "D", FM_INT},        {C_VDIM, "DV", FM_INT},          {C_CTX, "ctx", FM_SEP},
+                           {C_MODE, "mode", FM_STR},        {C_SPLITS, "splits", FM_INT},    {C_UNITS, "units", FM_INT},
+                           {C_BASET, "1 thr ms", FM_MS},    {C_BASEMIN, "min-max", FM_RANGEB}, {C_THREADS, "thr", FM_INT},
+                           {C_TMED, "ms", FM_MS},           {C_TMIN, "min-max", FM_RANGE},   {C_RATIO, "speedup", FM_X},
+                           {C_BWRATIO, "/BW", FM_X},        {C_FMARATIO, "/FMA", FM_X},      {C_IDENT, "1 vs thr", FM_STR},
+                           {C_NOTE, "note", FM_STR}};
+  char title[1000];
+  snprintf(title, sizeof title,
+           "Decode thread scaling: kva_attn.n_threads 1 against %d, F16 cache, block 16, n_q=1; the two timed in\n"
+           "  turns%s.\n"
+           "  splits / units: split-K by README's rule (fewer than 8 (KV head, 64-row) items: the keys are cut\n"
+           "  into >= 1,024-key splits, merged by log-sum-exp); speedup = 1-thread median / %d-thread median;\n"
+           "  /BW and /FMA: the %d-thread run against the %d-thread roofs above; 1 vs thr: the outputs of 1 and\n"
+           "  %d threads compared with memcmp (the library promises the same bits for any thread count), and\n"
+           "  every timed call's output against the first.",
+           scaling_threads(o), BENCH_OMP ? "" : " -- BUILT WITHOUT OpenMP: both run on 1 thread, no scaling",
+           scaling_threads(o), scaling_threads(o), scaling_threads(o), scaling_threads(o));
+  print_table(title, v, NV(v), t, C_VARIANT);
+}
+
 static void cmd_speed(const opts *o, const machine *m) {
   rows t = {0};
-  run_decode(o, m, &t);
-  print_decode(&t, decode_title);
-  emit_rows(&t);
-  rows_free(&t);
-  if (o->prefill) {
+  if (o->parts & PART_DECODE) {
+    run_decode(o, m, &t);
+    print_decode(&t, decode_title);
+    emit_rows(&t);
+    rows_free(&t);
+  }
+  if (o->prefill && (o->parts & PART_PREFILL)) {
     static const vcol v[] = {
         {C_VARIANT, "variant", FM_STR}, {C_DTYPE, "dtype", FM_STR},  {C_LAYOUT, "K/V in", FM_STR},
         {C_NQ, "n_q", FM_INT},          {C_CTX, "n_kv", FM_SEP},     {C_THREADS, "thr", FM_INT},
@@ -1851,7 +2014,7 @@ static void cmd_speed(const opts *o, const machine *m) {
     emit_rows(&t);
     rows_free(&t);
   }
-  {
+  if (o->parts & PART_CONTIG) {
     static const vcol v[] = {{C_VARIANT, "variant", FM_STR}, {C_CTX, "ctx", FM_SEP},
                              {C_THREADS, "thr", FM_INT},     {C_MODE, "mode", FM_STR},
                              {C_BASET, "contiguous ms", FM_MS}, {C_TMED, "paged ms", FM_MS},
@@ -1861,6 +2024,12 @@ static void cmd_speed(const opts *o, const machine *m) {
                 "  and in the paged cache (block 16, kva_attend_cache); medians (no MLA row: a latent cache reads\n"
                 "  V inside K, arrays could not)",
                 v, NV(v), &t, C_VARIANT);
+    emit_rows(&t);
+    rows_free(&t);
+  }
+  if (o->parts & PART_THREADS) {
+    run_threads(o, m, &t);
+    print_threads(&t, o);
     emit_rows(&t);
     rows_free(&t);
   }
@@ -3339,8 +3508,11 @@ static void usage(void) {
       "              --batch; what fits --mem; checked against a real cache; FACTS.md checks; the seed's\n"
       "              comparison table corrected; KV memory against context (the plot's data)\n"
       "  speed       read bandwidth (1 and all threads) and FMA peak; decode for the variants, dtypes,\n"
-      "              contexts, thread counts, cold and warm; prefill (GFLOP/s against the FMA peak);\n"
-      "              paged cache against contiguous arrays\n"
+      "              contexts, thread counts, cold and warm (part decode); prefill (GFLOP/s against the\n"
+      "              FMA peak; part prefill); paged cache against contiguous arrays (part contig); decode\n"
+      "              thread scaling, 1 against 2 threads (or the largest --threads) for MQA, MLA (16 and\n"
+      "              128 heads), GQA at 4096 and 32768 tokens (--quick: 4096; or --ctx), with a memcmp\n"
+      "              of the outputs (part threads)\n"
       "  quality     decode output error of F16/BF16 (and INT8/FP8 once supported) storage against F32\n"
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
@@ -3383,7 +3555,8 @@ static void usage(void) {
   fputs(
       "timing\n"
       "  --threads LIST      thread counts (kva_attn.n_threads; default 1 for summary and paged, else\n"
-      "                      1,<all>); bandwidth and FMA peak are measured for each, plus 1 and all\n"
+      "                      1,<all>); bandwidth and FMA peak are measured for each, plus 1 and all.\n"
+      "                      speed threads/batch compare 1 with the largest of LIST (default 2)\n"
       "  --modes LIST        cold,warm (cold reads a large buffer between calls to empty the caches;\n"
       "                      default both for speed and paged, cold for summary and plot-data)\n"
       "  --reps N            timed calls per row after one warm-up call (default 5, --quick 2; prefill\n"
@@ -3400,8 +3573,9 @@ static void usage(void) {
       , stdout);
   fputs(
       "parts, traces and eviction\n"
-      "  --parts LIST        which tables paged and quality print: attn,trace,prefix,ops (paged) and\n"
-      "                      dtypes,evict (quality); default all. paged without attn skips the machine\n"
+      "  --parts LIST        which tables paged, quality and speed print: attn,trace,prefix,ops (paged);\n"
+      "                      dtypes,evict,calib (quality); decode,prefill,contig,threads,batch,sweep\n"
+      "                      (speed); default all but sweep. paged without attn skips the machine\n"
       "                      measurements (e.g. `paged --parts trace,prefix,ops` takes seconds)\n"
       "  --trace-requests N  paged trace: requests (default 400, --quick 200); prompts log-uniform\n"
       "                      16..1024 tokens, outputs 16..512 (both capped by --max-len), seeded by --seed\n"
@@ -3486,7 +3660,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
       NEEDV();
       if ((n = parse_ints(v, o->ctx, MAXL)) <= 0) return bad("--ctx", v);
       for (k = 0; k < n; k++) if (o->ctx[k] < 1 || o->ctx[k] > (1L << 30)) return bad("--ctx", v);
-      o->n_ctx = n; sf->ctx = 1;
+      o->n_ctx = n; sf->ctx = 1; o->ctx_set = 1;
     } else if (!strcmp(a, "--batch")) {
       NEEDV();
       if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1) return bad("--batch", v);
@@ -3509,7 +3683,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
       NEEDV();
       if ((n = parse_ints(v, o->threads, MAXL)) <= 0) return bad("--threads", v);
       for (k = 0; k < n; k++) if (o->threads[k] < 1 || o->threads[k] > 1024) return bad("--threads", v);
-      o->n_threads = n; sf->threads = 1;
+      o->n_threads = n; sf->threads = 1; o->threads_set = 1;
     } else if (!strcmp(a, "--block-sizes")) {
       NEEDV();
       if ((n = parse_ints(v, o->bs, MAXL)) <= 0) return bad("--block-sizes", v);
@@ -3539,7 +3713,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
         int found = -1;
         for (k = 0; k < NV(part_name); k++)
           if (!strcmp(tok, part_name[k])) found = k;
-        if (found < 0) return bad("--parts (attn,trace,prefix,ops,dtypes,evict)", v);
+        if (found < 0) return bad("--parts (" PART_LIST ")", v);
         o->parts |= 1u << found;
       }
     } else if (!strcmp(a, "--trace-requests") || !strcmp(a, "--prefix-requests")) {
