@@ -450,11 +450,10 @@ static inline size_t kva__dtype_size(kva_dtype t) {
    same kernel reads plain arrays, paged blocks and (later) compacted slots.
    ====================================================================== */
 
-#ifndef KVA__TILE
 #define KVA__TILE 64     /* keys per tile: a tile's K and V stay in L1/L2 */
-#endif
 #define KVA__MAXROWS 64  /* query rows (query x head) handled per pass */
 #define KVA__NR 4        /* query rows per register block */
+#define KVA__PF_PARTS 8       /* a tile's kernel calls (and the next tile's prefetches) in parts */
 #define KVA__SPLIT_MIN 1024   /* split-K: fewest keys per split */
 #define KVA__SPLIT_TARGET 8   /* split-K: work units a call aims for */
 #define KVA__MAXSPLIT 16
@@ -1491,7 +1490,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
-  int t, j0, j, rb;
+  int t, j0, j, rb, part, prefetch_next;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -1516,19 +1515,31 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     kmin = kmin_buf[cb];
     kmax = kmax_buf[cb];
     if (j0 == 0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes);
-    if (nn > 0) { /* the next tile's rows load while this one computes */
+    /* The next tile's rows load while this one computes, its prefetches
+       issued a quarter at a time between the kernel calls: issued in one
+       burst they fill the miss queue and stall until most lines arrive. */
+    prefetch_next = 0;
+    if (nn > 0) {
       kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], kpos_buf[!cb], &kmin_buf[!cb], &kmax_buf[!cb]);
-      if (kmin_buf[!cb] <= qmax) {
+      prefetch_next = kmin_buf[!cb] <= qmax;
+    }
+    if (kmin > qmax || /* every key is in every row's future, or out of every row's window */
+        (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window)) {
+      if (prefetch_next) {
         kva__prefetch_rows(krows_buf[!cb], nn, kbytes);
         kva__prefetch_rows(vrows_buf[!cb], nn, vbytes);
       }
+      continue;
     }
-    if (kmin > qmax) continue; /* every key is in every row's future */
-    if (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) continue;
     all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
-    for (rb = 0; rb < nrows; rb += KVA__NR) {
-      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs);
+    for (part = 0; part < KVA__PF_PARTS; part++) {
+      int a = part * nk / KVA__PF_PARTS, b = (part + 1) * nk / KVA__PF_PARTS;
+      int pa = part * nn / KVA__PF_PARTS, pb = (part + 1) * nn / KVA__PF_PARTS;
+      for (rb = 0; rb < nrows && b > a; rb += KVA__NR) {
+        int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+        kva__dot_tile(w->kt, qr + rb, nr, krows + a, b - a, P->D, scores + rb * KVA__TILE + a, KVA__TILE, w->k_cs);
+      }
+      if (prefetch_next) kva__prefetch_rows(krows_buf[!cb] + pa, pb - pa, kbytes);
     }
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, mt = -INFINITY;
@@ -1558,9 +1569,15 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       }
       l[t] += kva__exp_sub_sum(s, nk, m[t]);
     }
-    for (rb = 0; rb < nrows; rb += KVA__NR) {
-      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs);
+    for (part = 0; part < KVA__PF_PARTS; part++) {
+      int a = part * nk / KVA__PF_PARTS, b = (part + 1) * nk / KVA__PF_PARTS;
+      int pa = part * nn / KVA__PF_PARTS, pb = (part + 1) * nn / KVA__PF_PARTS;
+      for (rb = 0; rb < nrows && b > a; rb += KVA__NR) {
+        int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+        kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE + a, KVA__TILE, vrows + a, b - a, P->DV,
+                       w->v_cs);
+      }
+      if (prefetch_next) kva__prefetch_rows(vrows_buf[!cb] + pa, pb - pa, vbytes);
     }
   }
   if (w->key_scores) { /* H2O: add each key's final probability, summed over the rows */
