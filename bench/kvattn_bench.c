@@ -197,6 +197,22 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static double median_d(const double *x, int n) {
+  double *y = (double *)xalloc((size_t)n * sizeof(double)), m;
+  memcpy(y, x, (size_t)n * sizeof(double));
+  qsort(y, (size_t)n, sizeof(double), cmp_double);
+  m = n % 2 ? y[n / 2] : 0.5 * (y[n / 2 - 1] + y[n / 2]);
+  free(y);
+  return m;
+}
+
+/* log-uniform integer in [lo, hi]: short requests frequent, long ones rare, as in chat traces */
+static int rand_log_int(uint64_t *rng, int lo, int hi) {
+  double x = exp(log((double)lo) + rng_unif(rng) * (log((double)hi + 1.0) - log((double)lo)));
+  int v = (int)x;
+  return v < lo ? lo : v > hi ? hi : v;
+}
+
 /* =====================================================================
    results: rows with a fixed superset of columns; tables, CSV, JSON
    ===================================================================== */
@@ -227,7 +243,7 @@ static int cmp_double(const void *a, const void *b) {
   X(HEAVYKEPT, "heavy_kept") X(RECENTMASS, "recent_mass") X(BHELD, "bytes_held") X(BFRAC, "bytes_vs_full") \
   X(STEPMID, "step_s_mid") X(STEPEND, "step_s_end") X(STEPRATIO, "step_end_over_mid")                      \
   X(NSTOK, "ns_per_token") X(BASEMIN, "base_time_min_s") X(BASEMAX, "base_time_max_s")                     \
-  X(RATIOMIN, "ratio_min") X(PLAN, "plan_s") X(TOKENS, "tokens_total") X(LENS, "lengths")                   \
+  X(RATIOMIN, "ratio_min") X(PLAN, "plan_s") X(PLANFRAC, "plan_over_run") X(TOKENS, "tokens_total") X(LENS, "lengths")                   \
   X(SPLITS, "kv_splits") X(UNITS, "work_units") X(IDENT, "identical") X(TENSOR, "tensor") X(RULE, "rule")    \
   X(SCALE, "scale") X(RTRMS, "roundtrip_rel_rms") X(SAT, "saturated")                                       \
   X(WHERE, "where") X(NOTE, "note")
@@ -520,6 +536,7 @@ typedef struct {
   int quick, reps, reps_set;
   long ctx[MAXL];
   int n_ctx, ctx_set, threads_set;
+  int batch_seqs, batch_lo, batch_hi, batch_seqs_set, batch_lens_set;
   long batch;
   double mem;
   kva_dtype dtypes[MAXL];
@@ -747,6 +764,7 @@ typedef struct {
   int nt;
   double bw_best, bw_med;      /* GB/s */
   double fma[NISA];            /* GFLOP/s, 0 if the ISA is not compiled in */
+  double fork_us, fork_med_us, fork_max_us; /* an empty OpenMP parallel region of nt threads: mean, median, max */
 } roof;
 
 typedef struct {
@@ -761,6 +779,34 @@ static const roof *roof_for(const machine *m, int nt) {
   for (i = 0; i < m->n; i++)
     if (m->r[i].nt == nt) return &m->r[i];
   return &m->r[0];
+}
+
+/* The cost of starting and ending a parallel region of nt threads (what every threaded library
+   call pays at least once), each region after 0.5 ms of single-threaded work as between calls:
+   40 regions after a warm-up; mean (returned), median and max in microseconds. */
+static double fork_join_us(int nt, double *med, double *mx) {
+#ifdef _OPENMP
+  double ts[41], sum = 0;
+  int i;
+  for (i = 0; i < 41; i++) {
+    double t0 = now_s(), acc = 0;
+    while (now_s() - t0 < 0.5e-3) acc += 1.0;
+    t0 = now_s();
+#pragma omp parallel num_threads(nt) reduction(+ : acc)
+    acc += 1.0;
+    g_sink = (float)acc;
+    ts[i] = now_s() - t0;
+    if (i) sum += ts[i];
+  }
+  qsort(ts + 1, 40, sizeof ts[0], cmp_double);
+  *mx = ts[40] * 1e6;
+  *med = 0.5 * (ts[20] + ts[21]) * 1e6;
+  return sum / 40 * 1e6;
+#else
+  (void)nt;
+  *med = *mx = 0;
+  return 0;
+#endif
 }
 
 static void machine_measure(machine *m, const opts *o, const long *thr, int n_thr) {
@@ -805,6 +851,10 @@ static void machine_measure(machine *m, const opts *o, const long *thr, int n_th
       progress("machine: FMA peak %s, %d thread(s)", isa_name[isa], r->nt);
       r->fma[isa] = fma_peak(isa, r->nt, isa == ISA_SCALAR ? iters / 4 : iters);
     }
+    if (r->nt > 1 && BENCH_OMP) {
+      progress("machine: OpenMP fork/join, %d threads", r->nt);
+      r->fork_us = fork_join_us(r->nt, &r->fork_med_us, &r->fork_max_us);
+    }
   }
   free(buf);
   progress_end();
@@ -831,6 +881,15 @@ static void machine_measure(machine *m, const opts *o, const long *thr, int n_th
       else
         rs(w, C_NOTE, "%d independent register accumulators%s", FMA_ACC,
            isa == m->isa ? "; the library's ISA: ratios use this one" : "");
+    }
+    if (r->nt > 1 && BENCH_OMP) {
+      w = rows_add(&t, "machine");
+      rs(w, C_NAME, "OpenMP fork/join");
+      rn(w, C_THREADS, r->nt);
+      rn(w, C_VALUE, r->fork_us);
+      rs(w, C_UNIT, "us");
+      rs(w, C_NOTE, "empty region after 0.5 ms of serial work, mean of 40 (median %.0f, max %.0f)%s", r->fork_med_us,
+         r->fork_max_us, r->fork_us > 200 ? "; SLOW: a core is busy elsewhere" : "");
     }
   }
   {
@@ -1388,6 +1447,18 @@ static kva_status call_cache(const call_ctx *x) { return kva_attend_cache(x->c, 
 static kva_status call_array(const call_ctx *x) {
   return kva_attend(&x->a, x->q, x->n_q, NULL, x->k, x->v, x->n_kv, NULL, x->out, NULL);
 }
+/* one decode step of n_seqs sequences: the batched call, and a loop of single-sequence calls */
+static kva_status call_batch(const call_ctx *x) { return kva_attend_batch(x->c, x->plan, 0, x->q, x->out); }
+static kva_status call_loop(const call_ctx *x) {
+  size_t qs = (size_t)x->a.n_heads * (size_t)x->a.head_dim,
+         os = (size_t)x->a.n_heads * (size_t)(x->a.v_dim ? x->a.v_dim : x->a.head_dim);
+  int i;
+  kva_status st;
+  for (i = 0; i < x->n_seqs; i++)
+    if ((st = kva_attend_cache(x->c, x->seqs[i], 0, &x->a, x->q + (size_t)i * qs, 1, x->out + (size_t)i * os)) != KVA_OK)
+      return st;
+  return KVA_OK;
+}
 typedef kva_status (*call_fn)(const call_ctx *);
 
 typedef struct {
@@ -1841,6 +1912,19 @@ static void print_dtype_block(const rows *t, const opts *o) {
   print_table(title, v, NV(v), t, -1);
 }
 
+/* a title line when a parallel region is slow to start here (see the machine table) */
+static const char *fork_note(const machine *m, int T) {
+  static char b[300];
+  const roof *r = roof_for(m, T);
+  b[0] = 0;
+  if (BENCH_OMP && r->nt == T && r->fork_us > 200)
+    snprintf(b, sizeof b,
+             "\n  NOTE: an empty %d-thread parallel region takes %.0f us on average here (machine table: a core is\n"
+             "  busy with other work); the %d-thread times include that wait, once or twice per call%s.",
+             T, r->fork_us, T, getenv("OMP_WAIT_POLICY") ? "" : "\n  (OMP_WAIT_POLICY=passive may help)");
+  return b;
+}
+
 /* ---- thread scaling of decode; split-K's promise: the same bits for any thread count ---- */
 
 /* The library's split-K rule as README.md states it: a decode call has (KV head, 64-row chunk)
@@ -1967,7 +2051,7 @@ static void run_threads(const opts *o, const machine *m, rows *t) {
   progress_end();
 }
 
-static void print_threads(const rows *t, const opts *o) {
+static void print_threads(const rows *t, const opts *o, const machine *m) {
   static const vcol v[] = {{C_VARIANT, "variant", FM_STR},  {C_HEADS, "H", FM_INT},          {C_KVHEADS, "G", FM_INT},
                            {C_HEADDIM, "D", FM_INT},        {C_VDIM, "DV", FM_INT},          {C_CTX, "ctx", FM_SEP},
                            {C_MODE, "mode", FM_STR},        {C_SPLITS, "splits", FM_INT},    {C_UNITS, "units", FM_INT},
@@ -1983,10 +2067,277 @@ static void print_threads(const rows *t, const opts *o) {
            "  into >= 1,024-key splits, merged by log-sum-exp); speedup = 1-thread median / %d-thread median;\n"
            "  /BW and /FMA: the %d-thread run against the %d-thread roofs above; 1 vs thr: the outputs of 1 and\n"
            "  %d threads compared with memcmp (the library promises the same bits for any thread count), and\n"
-           "  every timed call's output against the first.",
+           "  every timed call's output against the first.%s",
            scaling_threads(o), BENCH_OMP ? "" : " -- BUILT WITHOUT OpenMP: both run on 1 thread, no scaling",
-           scaling_threads(o), scaling_threads(o), scaling_threads(o), scaling_threads(o));
+           scaling_threads(o), scaling_threads(o), scaling_threads(o), scaling_threads(o),
+           fork_note(m, scaling_threads(o)));
   print_table(title, v, NV(v), t, C_VARIANT);
+}
+
+/* ---- continuous batching: kva_attend_batch against a loop of kva_attend_cache ---- */
+
+/* n sequences of lens[i] tokens in one one-layer cache, filled in turns (256 tokens each) so that
+   their blocks interleave in the pool as a server's do; each sequence's last append is its one
+   decode token. */
+static kva_status build_multi(const shape *s, kva_dtype dt, const int *lens, int n, uint64_t *rng, kva_cache **out,
+                              int *seqs) {
+  kva_cache_desc d;
+  kva_cache *c = NULL;
+  kva_status st;
+  long nb = n;
+  int i, left, *done = (int *)xalloc((size_t)n * sizeof(int));
+  memset(&d, 0, sizeof d);
+  for (i = 0; i < n; i++) nb += (lens[i] + 15) / 16;
+  d.kind = s->kind;
+  d.n_layers = 1;
+  d.n_kv_heads = s->G;
+  d.head_dim = s->D;
+  d.v_dim = s->kind == KVA_CACHE_LATENT ? s->DV : 0;
+  d.dtype = dt;
+  d.k_scale = d.v_scale = 1.0f;
+  d.n_blocks = (int)nb;
+  d.max_seqs = n;
+  if ((st = kva_cache_create(&d, &c)) != KVA_OK) goto out;
+  for (i = 0; i < n; i++) {
+    done[i] = 0;
+    if ((st = kva_seq_new(c, &seqs[i])) != KVA_OK) goto fail;
+  }
+  do { /* the bodies in turns */
+    left = 0;
+    for (i = 0; i < n; i++) {
+      int m = lens[i] - 1 - done[i];
+      if (m > 256) m = 256;
+      if (m <= 0) continue;
+      if ((st = kva_seq_append(c, seqs[i], m)) != KVA_OK) goto fail;
+      if ((st = kva_store(c, seqs[i], 0, pool_at(rng, (size_t)m * s->G * s->D),
+                          s->kind == KVA_CACHE_LATENT ? NULL : pool_at(rng, (size_t)m * s->G * s->DV), m)) != KVA_OK)
+        goto fail;
+      done[i] += m;
+      if (done[i] < lens[i] - 1) left = 1;
+    }
+  } while (left);
+  for (i = 0; i < n; i++) { /* every sequence's decode token: its latest append */
+    if ((st = kva_seq_append(c, seqs[i], 1)) != KVA_OK) goto fail;
+    if ((st = kva_store(c, seqs[i], 0, pool_at(rng, (size_t)s->G * s->D),
+                        s->kind == KVA_CACHE_LATENT ? NULL : pool_at(rng, (size_t)s->G * s->DV), 1)) != KVA_OK)
+      goto fail;
+  }
+  *out = c;
+  free(done);
+  return KVA_OK;
+fail:
+  kva_cache_destroy(c);
+out:
+  free(done);
+  return st;
+}
+
+typedef struct {
+  const char *name;
+  shape s;
+  int n, *lens;
+} batch_case;
+
+/* per sequence, the split-K parts by README's rule: alone (kva_attend_cache) and in the batch */
+static void batch_splits(const batch_case *bc, int *alone, int *in_batch) {
+  int i, items = doc_items(bc->s.H, bc->s.G, 1), total = items * bc->n;
+  for (i = 0; i < bc->n; i++) {
+    alone[i] = doc_splits(items, bc->lens[i]);
+    in_batch[i] = doc_splits(total, bc->lens[i]);
+  }
+}
+
+static void run_batch_case(const opts *o, const machine *m, const batch_case *bc, rows *t, uint64_t *rng) {
+  const shape *s = &bc->s;
+  const int T = scaling_threads(o), n = bc->n;
+  size_t qs = (size_t)s->H * s->D, os = (size_t)s->H * s->DV, no = os * (size_t)n;
+  float *q = rand_floats(qs * (size_t)n, rng);
+  float *ob = (float *)xalloc(no * 4), *ol = (float *)xalloc(no * 4), *fb[2], *fl[2];
+  int *seqs = (int *)xalloc((size_t)n * sizeof(int)), *nq = (int *)xalloc((size_t)n * sizeof(int));
+  int *sa = (int *)xalloc((size_t)n * sizeof(int)), *sb = (int *)xalloc((size_t)n * sizeof(int));
+  kva_cache *c = NULL;
+  kva_status st;
+  double tokens = 0;
+  int i, ti, mode, lmin = bc->lens[0], lmax = bc->lens[0], smax_a = 1, smax_b = 1;
+  char lens_s[64];
+  for (i = 0; i < n; i++) {
+    nq[i] = 1;
+    tokens += bc->lens[i];
+    if (bc->lens[i] < lmin) lmin = bc->lens[i];
+    if (bc->lens[i] > lmax) lmax = bc->lens[i];
+  }
+  batch_splits(bc, sa, sb);
+  for (i = 0; i < n; i++) {
+    if (sa[i] > smax_a) smax_a = sa[i];
+    if (sb[i] > smax_b) smax_b = sb[i];
+  }
+  if (lmin == lmax) snprintf(lens_s, sizeof lens_s, "%d", lmin);
+  else if (n == 2) snprintf(lens_s, sizeof lens_s, "%d+%d", bc->lens[0], bc->lens[1]);
+  else snprintf(lens_s, sizeof lens_s, "%d-%d", lmin, lmax);
+  for (i = 0; i < 2; i++) {
+    fb[i] = (float *)xalloc(no * 4);
+    fl[i] = (float *)xalloc(no * 4);
+  }
+  progress("batch %s: filling %d sequences (%.0f tokens)", bc->name, n, tokens);
+  st = build_multi(s, KVA_F16, bc->lens, n, rng, &c, seqs);
+  for (ti = 0; ti < 2; ti++) {
+    int thr = ti ? T : 1;
+    kva_batch *plan = NULL;
+    double plan_s = 0, pt[15];
+    kva_attn a = shape_attn(s, thr);
+    int k, ident = 0, n_unsplit = 0, same_thr = 1;
+    double mx = 0;
+    kva_status pst = KVA_OK;
+    if (st == KVA_OK) {
+      /* the plan: once per step for every layer; median of 15 (plan + free), then one to run */
+      progress("batch %s: plan, %d thread(s)", bc->name, thr);
+      for (k = 0; k < 15 && pst == KVA_OK; k++) {
+        double t0 = now_s();
+        pst = kva_batch_plan(c, &a, seqs, nq, n, &plan);
+        pt[k] = now_s() - t0;
+        if (pst == KVA_OK) kva_batch_free(plan);
+        plan = NULL;
+      }
+      if (pst == KVA_OK) {
+        plan_s = median_d(pt, 15);
+        pst = kva_batch_plan(c, &a, seqs, nq, n, &plan);
+      }
+    }
+    for (mode = 0; mode < 2; mode++) {
+      call_ctx x[2];
+      call_fn f[2];
+      timing tm[2];
+      row *w;
+      kva_status e = st != KVA_OK ? st : pst;
+      if ((mode == 0 && !o->cold) || (mode == 1 && !o->warm)) continue;
+      w = rows_add(t, "batch");
+      rs(w, C_SCHEME, "%s", bc->name);
+      set_shape_cols(w, s, KVA_F16);
+      rn(w, C_BATCH, n);
+      rs(w, C_LENS, "%s", lens_s);
+      rn(w, C_TOKENS, tokens);
+      rn(w, C_THREADS, thr);
+      rs(w, C_MODE, mode == 0 ? "cold" : "warm");
+      rn(w, C_NQ, 1);
+      rs(w, C_SPLITS, "%d / %d", smax_b, smax_a);
+      if (e != KVA_OK) {
+        rs(w, C_NOTE, "%s: %s", st != KVA_OK ? "cache" : "kva_batch_plan", kva_status_str(e));
+        g_failed = 1;
+        continue;
+      }
+      rn(w, C_PLAN, plan_s);
+      progress("batch %s: %d thread(s), %s", bc->name, thr, mode == 0 ? "cold" : "warm");
+      memset(x, 0, sizeof x);
+      for (k = 0; k < 2; k++) {
+        x[k].c = c;
+        x[k].a = a;
+        x[k].q = q;
+        x[k].seqs = seqs;
+        x[k].n_seqs = n;
+        x[k].plan = plan;
+        x[k].out = k ? ol : ob;
+        f[k] = k ? call_loop : call_batch;
+      }
+      if ((e = call_batch(&x[0])) == KVA_OK && (e = call_loop(&x[1])) == KVA_OK) {
+        memcpy(fb[ti], ob, no * 4);
+        memcpy(fl[ti], ol, no * 4);
+        time_interleaved(f, x, 2, mode == 0, o->reps, tm);
+        e = tm[0].st != KVA_OK ? tm[0].st : tm[1].st;
+      }
+      if (e != KVA_OK) {
+        rs(w, C_NOTE, "attend: %s", kva_status_str(e));
+        g_failed = 1;
+        continue;
+      }
+      set_timing(w, &tm[0]);
+      set_base_timing(w, &tm[1]);
+      rn(w, C_RATIO, tm[1].med / tm[0].med);
+      set_roof(w, m, thr, tokens * (double)shape_bpt(s, KVA_F16), 2.0 * s->H * tokens * (s->D + s->DV), tm[0].med);
+      /* batch against loop, per sequence; bit-identical expected where neither splits */
+      ident = n_unsplit = 0;
+      mx = 0;
+      for (i = 0; i < n; i++) {
+        size_t z, off = (size_t)i * os;
+        int same = memcmp(fb[ti] + off, fl[ti] + off, os * 4) == 0;
+        for (z = 0; z < os; z++) {
+          double d = fabs((double)fb[ti][off + z] - fl[ti][off + z]);
+          if (d > mx) mx = d;
+        }
+        if (sa[i] == 1 && sb[i] == 1) {
+          n_unsplit++;
+          ident += same;
+        }
+      }
+      rn(w, C_MAXABS, mx);
+      if (n_unsplit) rs(w, C_IDENT, "%d/%d unsplit bit-identical", ident, n_unsplit);
+      else rs(w, C_IDENT, "all split: not bitwise");
+      if (ident != n_unsplit) g_failed = 1;
+      /* every timed call left the same bits, and T threads give 1 thread's */
+      same_thr = memcmp(ob, fb[ti], no * 4) == 0 && memcmp(ol, fl[ti], no * 4) == 0;
+      if (ti) same_thr = same_thr && memcmp(fb[1], fb[0], no * 4) == 0 && memcmp(fl[1], fl[0], no * 4) == 0;
+      rs(w, C_PASS, same_thr ? (ti ? "= 1 thread" : "stable") : "DIFFER");
+      if (!same_thr) g_failed = 1;
+      rn(w, C_PLANFRAC, plan_s / tm[0].med);
+      if (!BENCH_OMP && thr > 1) rs(w, C_NOTE, "built without OpenMP: 1 thread");
+      else if (smax_b != smax_a) rs(w, C_NOTE, "split-K differs (batch / alone): sums round differently");
+    }
+    if (plan) kva_batch_free(plan);
+  }
+  if (c) kva_cache_destroy(c);
+  for (i = 0; i < 2; i++) {
+    free(fb[i]);
+    free(fl[i]);
+  }
+  free(q); free(ob); free(ol); free(seqs); free(nq); free(sa); free(sb);
+}
+
+static void run_batch(const opts *o, const machine *m, rows *t) {
+  uint64_t rng = o->seed + 7;
+  batch_case bc;
+  int i, two[2];
+  /* GQA, N sequences of log-uniform lengths */
+  bc.name = "GQA, log-uniform";
+  bc.s = variant_shape(V_GQA, o->H, o->G, o->D);
+  bc.n = o->batch_seqs;
+  bc.lens = (int *)xalloc((size_t)bc.n * sizeof(int));
+  for (i = 0; i < bc.n; i++) bc.lens[i] = rand_log_int(&rng, o->batch_lo, o->batch_hi);
+  run_batch_case(o, m, &bc, t, &rng);
+  free(bc.lens);
+  /* two long MQA sequences: few work items, split-K matters */
+  bc.name = "MQA, 2 long";
+  bc.s = variant_shape(V_MQA, o->H, 1, o->D);
+  bc.n = 2;
+  two[0] = o->quick ? 8192 : 32768;
+  two[1] = two[0] / 2;
+  bc.lens = two;
+  run_batch_case(o, m, &bc, t, &rng);
+  progress_end();
+}
+
+static void print_batch(const rows *t, const opts *o, const machine *m) {
+  static const vcol v[] = {{C_SCHEME, "batch", FM_STR},     {C_BATCH, "N", FM_INT},           {C_LENS, "lengths", FM_STR},
+                           {C_TOKENS, "tokens", FM_SEP},    {C_THREADS, "thr", FM_INT},       {C_MODE, "mode", FM_STR},
+                           {C_SPLITS, "splits b/a", FM_STR}, {C_PLAN, "plan us", FM_US},      {C_PLANFRAC, "plan/run", FM_E},
+                           {C_TMED, "batch ms", FM_MS},
+                           {C_TMIN, "min-max", FM_RANGE},   {C_BASET, "loop ms", FM_MS},      {C_BASEMIN, "min-max", FM_RANGEB},
+                           {C_RATIO, "loop/batch", FM_X},   {C_GBPS, "GB/s", FM_F1},          {C_BWRATIO, "/BW", FM_X},
+                           {C_MAXABS, "max|b-l|", FM_E},    {C_IDENT, "batch vs loop", FM_STR}, {C_PASS, "threads", FM_STR},
+                           {C_NOTE, "note", FM_STR}};
+  char title[1400];
+  snprintf(title, sizeof title,
+           "Continuous-batching decode, one token per sequence, F16 cache (block 16, the sequences' blocks\n"
+           "  interleaved in one pool): kva_attend_batch on a plan (kva_batch_plan) against a loop of\n"
+           "  kva_attend_cache over the same sequences, the two timed in turns; 1 and %d threads%s.\n"
+           "  GQA H=%d G=%d D=%d: %d sequences, lengths log-uniform %d..%d (seed %llu); MQA H=%d D=%d: 2 long\n"
+           "  sequences. plan us = median of 15 kva_batch_plan + kva_batch_free (paid once per step for all\n"
+           "  layers), plan/run = that over one layer's batch median; loop/batch = loop median / batch median; GB/s\n"
+           "  and /BW of the batch. splits b/a = the most split-K parts of a sequence in the batch / alone (by\n"
+           "  README's rule). max|b-l| = largest output difference; batch vs loop: sequences split in neither\n"
+           "  must give the same bits; threads: every call's bits the same, and %d threads' = 1 thread's.%s",
+           scaling_threads(o), BENCH_OMP ? "" : " (BUILT WITHOUT OpenMP: no scaling)", o->H, o->G, o->D,
+           o->batch_seqs, o->batch_lo, o->batch_hi, (unsigned long long)o->seed, o->H, o->D, scaling_threads(o),
+           fork_note(m, scaling_threads(o)));
+  print_table(title, v, NV(v), t, C_SCHEME);
 }
 
 static void cmd_speed(const opts *o, const machine *m) {
@@ -2029,7 +2380,13 @@ static void cmd_speed(const opts *o, const machine *m) {
   }
   if (o->parts & PART_THREADS) {
     run_threads(o, m, &t);
-    print_threads(&t, o);
+    print_threads(&t, o, m);
+    emit_rows(&t);
+    rows_free(&t);
+  }
+  if (o->parts & PART_BATCH) {
+    run_batch(o, m, &t);
+    print_batch(&t, o, m);
     emit_rows(&t);
     rows_free(&t);
   }
@@ -2509,12 +2866,6 @@ typedef struct {
   int prompt, output;
 } trace_req;
 
-/* log-uniform integer in [lo, hi]: short requests frequent, long ones rare, as in chat traces */
-static int rand_log_int(uint64_t *rng, int lo, int hi) {
-  double x = exp(log((double)lo) + rng_unif(rng) * (log((double)hi + 1.0) - log((double)lo)));
-  int v = (int)x;
-  return v < lo ? lo : v > hi ? hi : v;
-}
 
 enum { SCH_PAGED, SCH_MAXLEN, SCH_ORACLE };
 
@@ -3252,14 +3603,6 @@ typedef struct {
   char msg[200];
 } ev_res;
 
-static double median_d(const double *x, int n) {
-  double *y = (double *)xalloc((size_t)n * sizeof(double)), m;
-  memcpy(y, x, (size_t)n * sizeof(double));
-  qsort(y, (size_t)n, sizeof(double), cmp_double);
-  m = n % 2 ? y[n / 2] : 0.5 * (y[n / 2 - 1] + y[n / 2]);
-  free(y);
-  return m;
-}
 
 /* Prefill EV_PROMPT tokens (store, attend all of them: H2O scores start there), then decode
    one token per step up to n: append(1), store its K/V, attend its query. e NULL: the full
@@ -3512,7 +3855,9 @@ static void usage(void) {
       "              FMA peak; part prefill); paged cache against contiguous arrays (part contig); decode\n"
       "              thread scaling, 1 against 2 threads (or the largest --threads) for MQA, MLA (16 and\n"
       "              128 heads), GQA at 4096 and 32768 tokens (--quick: 4096; or --ctx), with a memcmp\n"
-      "              of the outputs (part threads)\n"
+      "              of the outputs (part threads); continuous-batching decode: kva_attend_batch against\n"
+      "              a loop of kva_attend_cache, GQA over --batch-seqs sequences and MQA over 2 long ones,\n"
+      "              1 and 2 threads, plan time, outputs compared (part batch)\n"
       "  quality     decode output error of F16/BF16 (and INT8/FP8 once supported) storage against F32\n"
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
@@ -3548,6 +3893,9 @@ static void usage(void) {
       "  --ctx LIST          context lengths; memory: default 131072; speed/summary: 4096,32768;\n"
       "                      quality: 4096; paged: 4096,32768; plot-data: 1024..32768 (1k = 1024)\n"
       "  --batch N           sequences for memory (default 1)\n"
+      "  --batch-seqs N      speed batch: GQA sequences in the batch (default 32, --quick 8)\n"
+      "  --batch-lens LO,HI  speed batch: their lengths, log-uniform in LO..HI (default 256,8192;\n"
+      "                      --quick 256,2048); the MQA pair is 32768+16384 (--quick 8192+4096)\n"
       "  --mem SIZE          memory budget for memory (default 80GiB; suffixes B, KB, MB, GB, TB decimal;\n"
       "                      KiB, MiB, GiB, TiB or K, M, G, T binary)\n"
       "\n"
@@ -3638,6 +3986,9 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
   o->trace_bs[0] = 8; o->trace_bs[1] = 16; o->trace_bs[2] = 32; o->n_trace_bs = 3;
   o->prefix_reqs = 128;
   o->evict_ctx = 2048;
+  o->batch_seqs = 32;
+  o->batch_lo = 256;
+  o->batch_hi = 8192;
   o->budgets[0] = 10; o->budgets[1] = 20; o->budgets[2] = 50; o->n_budgets = 3;
   for (i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -3665,6 +4016,15 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
       NEEDV();
       if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1) return bad("--batch", v);
       o->batch = tmp[0];
+    } else if (!strcmp(a, "--batch-seqs")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 1 || tmp[0] > 4096) return bad("--batch-seqs (1..4096)", v);
+      o->batch_seqs = (int)tmp[0]; o->batch_seqs_set = 1;
+    } else if (!strcmp(a, "--batch-lens")) {
+      NEEDV();
+      if (parse_ints(v, tmp, 2) != 2 || tmp[0] < 1 || tmp[1] < tmp[0] || tmp[1] > (1L << 24))
+        return bad("--batch-lens (LO,HI with 1 <= LO <= HI)", v);
+      o->batch_lo = (int)tmp[0]; o->batch_hi = (int)tmp[1]; o->batch_lens_set = 1;
     } else if (!strcmp(a, "--mem")) {
       NEEDV();
       if (!parse_size(v, &o->mem) || o->mem < 1) return bad("--mem", v);
@@ -3874,6 +4234,8 @@ static void defaults_for(opts *o, const set_flags *sf, const char *cmd) {
     if (!o->trace_reqs_set) o->trace_reqs = 200;
     if (!o->prefix_reqs_set) o->prefix_reqs = 64;
     if (!o->evict_ctx_set) o->evict_ctx = 1024;
+    if (!o->batch_seqs_set) o->batch_seqs = 8;
+    if (!o->batch_lens_set) { o->batch_lo = 256; o->batch_hi = 2048; }
   }
 }
 
