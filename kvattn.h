@@ -1075,6 +1075,17 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
 #define KVA__NEON_LOAD4_e5m2(row, i) kva__neon_load4_e5m2((row), (i))
 #define KVA__NEON_LOAD4_e4m3(row, i) kva__neon_load4_e4m3((row), (i))
 
+/* The value kernel's 4 rows x 4 vectors of accumulators in named registers
+   (32 NEON registers hold them, the values and the scalars). */
+#define KVA__V128_EACH(X) \
+  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
+  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+#define KVA__V128_INIT(r, c) float32x4_t a##r##c = nr > r && nv > c ? vld1q_f32(acc[r] + i + 4 * c) : z;
+#define KVA__V128_FMA(r, c) \
+  if (nr > r && nv > c) a##r##c = vfmaq_n_f32(a##r##c, v##c, p##r);
+#define KVA__V128_STORE(r, c) \
+  if (nr > r && nv > c) vst1q_f32(acc[r] + i + 4 * c, a##r##c);
+
 #define KVA__DEFINE_NEON_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_neon_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
@@ -1116,30 +1127,41 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
       default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds, cs); break;            \
     }                                                                                           \
   }                                                                                             \
+  /* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows: 16 accumulators */   \
+  KVA__FORCEINLINE void kva__vacc_strip_##dt##_neon(float *const *acc, const int nr, const float *p, \
+                                                     int ldp, const void *const *vrows, int nk,  \
+                                                     int i, const int nv) {                     \
+    const float32x4_t z = vdupq_n_f32(0.0f);                                                    \
+    int j;                                                                                      \
+    KVA__V128_EACH(KVA__V128_INIT)                                                              \
+    for (j = 0; j < nk; j++) {                                                                  \
+      const void *vr = vrows[j];                                                                \
+      float32x4_t v0 = KVA__NEON_LOAD4_##dt(vr, i);                                             \
+      float32x4_t v1 = nv > 1 ? KVA__NEON_LOAD4_##dt(vr, i + 4) : z;                           \
+      float32x4_t v2 = nv > 2 ? KVA__NEON_LOAD4_##dt(vr, i + 8) : z;                           \
+      float32x4_t v3 = nv > 3 ? KVA__NEON_LOAD4_##dt(vr, i + 12) : z;                          \
+      float p0 = p[j], p1 = nr > 1 ? p[ldp + j] : 0.0f;                                         \
+      float p2 = nr > 2 ? p[2 * ldp + j] : 0.0f, p3 = nr > 3 ? p[3 * ldp + j] : 0.0f;           \
+      KVA__V128_EACH(KVA__V128_FMA)                                                             \
+    }                                                                                           \
+    KVA__V128_EACH(KVA__V128_STORE)                                                             \
+  }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
                                                        const void *const *vrows, int nk, int dv, float cs) { \
     int j, i, r;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 8 <= dv; i += 8) {                                                          \
-      float32x4_t a[4][2];                                                                      \
-      for (r = 0; r < nr; r++) {                                                                \
-        a[r][0] = vld1q_f32(acc[r] + i);                                                        \
-        a[r][1] = vld1q_f32(acc[r] + i + 4);                                                    \
-      }                                                                                         \
-      for (j = 0; j < nk; j++) {                                                                \
-        float32x4_t v0 = KVA__NEON_LOAD4_##dt(vrows[j], i), v1 = KVA__NEON_LOAD4_##dt(vrows[j], i + 4); \
-        for (r = 0; r < nr; r++) {                                                              \
-          float pj = p[r * ldp + j];                                                            \
-          a[r][0] = vfmaq_n_f32(a[r][0], v0, pj);                                               \
-          a[r][1] = vfmaq_n_f32(a[r][1], v1, pj);                                               \
-        }                                                                                       \
-      }                                                                                         \
-      for (r = 0; r < nr; r++) {                                                                \
-        vst1q_f32(acc[r] + i, a[r][0]);                                                         \
-        vst1q_f32(acc[r] + i + 4, a[r][1]);                                                     \
-      }                                                                                         \
+    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 4); \
+    if (dv - i >= 12) {                                                                         \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 3);                            \
+      i += 12;                                                                                  \
+    } else if (dv - i >= 8) {                                                                   \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 2);                            \
+      i += 8;                                                                                   \
+    } else if (dv - i >= 4) {                                                                   \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 1);                            \
+      i += 4;                                                                                   \
     }                                                                                           \
     for (; i < dv; i++)                                                                         \
       for (j = 0; j < nk; j++) {                                                                \
