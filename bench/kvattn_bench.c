@@ -535,7 +535,7 @@ typedef struct {
   const char *cmd;
   int quick, reps, reps_set;
   long ctx[MAXL];
-  int n_ctx, ctx_set, threads_set;
+  int n_ctx, ctx_set, threads_set, dtypes_set, variants_set, parts_set, sweep;
   int batch_seqs, batch_lo, batch_hi, batch_seqs_set, batch_lens_set;
   long batch;
   double mem;
@@ -2340,6 +2340,124 @@ static void print_batch(const rows *t, const opts *o, const machine *m) {
   print_table(title, v, NV(v), t, C_SCHEME);
 }
 
+/* ---- decode against context: the linear cost and the cache-to-DRAM step ---- */
+
+static const long sweep_ctx[] = {1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072};
+#define N_SWEEP 8
+#define N_SWEEP_QUICK 5 /* --quick: 1K..16K */
+
+/* the sweep's defaults where the command line left them: contexts 1K..128K, f16, 1 thread, cold
+   and warm (warm: what fits in the caches is read from them; cold: everything from DRAM) */
+static void sweep_opts(opts *so) {
+  int k;
+  if (!so->ctx_set) {
+    so->n_ctx = so->quick ? N_SWEEP_QUICK : N_SWEEP;
+    for (k = 0; k < so->n_ctx; k++) so->ctx[k] = sweep_ctx[k];
+  }
+  if (!so->dtypes_set) {
+    so->dtypes[0] = KVA_F16;
+    so->n_dtypes = 1;
+  }
+  if (!so->threads_set) {
+    so->threads[0] = 1;
+    so->n_threads = 1;
+  }
+  if (!so->modes_set) so->cold = so->warm = 1;
+}
+
+/* Decode rows ordered as series (variant, dtype, threads, mode; context order kept): gnuplot
+   breaks a line at every row its filter drops, so plot.gp needs each series' rows together. */
+static int series_cmp(const row *a, const row *b) {
+  static const int key[] = {C_VARIANT, C_DTYPE, C_THREADS, C_MODE};
+  int k;
+  for (k = 0; k < 4; k++) {
+    int c = key[k];
+    if (a->kind[c] == 2 && b->kind[c] == 2) {
+      int d = strcmp(a->str[c], b->str[c]);
+      if (d) return d;
+    } else if (a->kind[c] == 1 && b->kind[c] == 1 && a->num[c] != b->num[c])
+      return a->num[c] < b->num[c] ? -1 : 1;
+  }
+  return 0;
+}
+static void rows_sort_series(rows *t) {
+  int i, j;
+  for (i = 1; i < t->n; i++) { /* insertion sort: stable, and these tables are small */
+    row tmp = t->r[i];
+    for (j = i; j > 0 && series_cmp(&t->r[j - 1], &tmp) > 0; j--) t->r[j] = t->r[j - 1];
+    t->r[j] = tmp;
+  }
+}
+
+static const row *find_decode_row(const rows *t, const char *var, const char *dt, long ctx, long thr, const char *mode) {
+  int i;
+  for (i = 0; i < t->n; i++) {
+    const row *r = &t->r[i];
+    if (r->kind[C_VARIANT] == 2 && !strcmp(r->str[C_VARIANT], var) && r->kind[C_DTYPE] == 2 &&
+        !strcmp(r->str[C_DTYPE], dt) && r->num[C_CTX] == (double)ctx && r->num[C_THREADS] == (double)thr &&
+        r->kind[C_MODE] == 2 && !strcmp(r->str[C_MODE], mode))
+      return r;
+  }
+  return NULL;
+}
+
+static void run_sweep(const opts *o, const machine *m) {
+  opts so = *o;
+  rows t = {0};
+  int vi, di, ti, mode, ci;
+  char title[900], caches[160];
+  long l2 = 0, l3 = 0;
+  sweep_opts(&so);
+  run_decode(&so, m, &t);
+  rows_sort_series(&t);
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  if (l2 > 0 && l3 > 0)
+    snprintf(caches, sizeof caches, "L2 %.1f MiB per core, L3 %.0f MiB as the OS reports it (a VM may report the\n"
+                                    "  whole socket's)", (double)l2 / MiB, (double)l3 / MiB);
+  else snprintf(caches, sizeof caches, "cache sizes unknown");
+  snprintf(title, sizeof title,
+           "Decode against context (kva_attend_cache, n_q=1, block 16): the cost per cached token (ns/tok =\n"
+           "  median / ctx) is flat where decode is linear; warm calls read what fits in the caches from them, so\n"
+           "  warm ns/tok steps up to cold's where the KV (KV MiB) outgrows the last-level cache. %s.",
+           caches);
+  print_decode(&t, title);
+  if (g_fmt == OUT_TABLE) {
+    text("\nns per cached token (median / ctx) against context, with KV MiB per call\n");
+    text("%-8s %-8s %3s %-6s", "variant", "dtype", "thr", "mode");
+    for (ci = 0; ci < so.n_ctx; ci++) {
+      char h[32];
+      if (so.ctx[ci] % 1024 == 0) snprintf(h, sizeof h, "%ldK", so.ctx[ci] / 1024);
+      else snprintf(h, sizeof h, "%ld", so.ctx[ci]);
+      text(" %8s", h);
+    }
+    text("\n");
+    for (vi = 0; vi < so.n_variants; vi++) {
+      const char *vn = variant_name[so.variants[vi]];
+      for (di = 0; di < so.n_dtypes; di++) {
+        const char *dn = dtype_str(so.dtypes[di]);
+        for (ti = 0; ti < so.n_threads; ti++)
+          for (mode = 0; mode < 3; mode++) {
+            const char *mn = mode == 0 ? "cold" : mode == 1 ? "warm" : "KV MiB";
+            if ((mode == 0 && !so.cold) || (mode == 1 && !so.warm) || (mode == 2 && ti > 0)) continue;
+            text("%-8s %-8s %3ld %-6s", di == 0 && ti == 0 && mode == (so.cold ? 0 : 1) ? vn : "", dn, so.threads[ti], mn);
+            for (ci = 0; ci < so.n_ctx; ci++) {
+              const row *r = find_decode_row(&t, vn, dn, so.ctx[ci], so.threads[ti], mode == 1 ? "warm" : mode == 0 ? "cold" : so.cold ? "cold" : "warm");
+              if (!r || r->kind[mode == 2 ? C_KVBYTES : C_NSTOK] != 1) text(" %8s", "-");
+              else if (mode == 2) text(" %8.1f", r->num[C_KVBYTES] / MiB);
+              else text(" %8.1f", r->num[C_NSTOK]);
+            }
+            text("\n");
+          }
+      }
+    }
+  }
+  emit_rows(&t);
+  rows_free(&t);
+}
+
 static void cmd_speed(const opts *o, const machine *m) {
   rows t = {0};
   if (o->parts & PART_DECODE) {
@@ -2390,6 +2508,7 @@ static void cmd_speed(const opts *o, const machine *m) {
     emit_rows(&t);
     rows_free(&t);
   }
+  if (o->parts & PART_SWEEP) run_sweep(o, m);
 }
 
 /* =====================================================================
@@ -3870,8 +3989,9 @@ static void usage(void) {
       "              a shared system prompt across two salted tenants with and without prefix caching\n"
       "              (part prefix); block operations per second (part ops)\n"
       "  plot-data   CSV for bench/plot.gp: memory against context and decode time against context\n"
-      "              (1K..32K tokens); with --out DIR writes DIR/bench.csv and draws DIR/*.png if gnuplot\n"
-      "              is installed. `make plot BENCH_ARGS=plot-data` does the same through the Makefile.\n"
+      "              (1K..32K tokens; --sweep: 1K..128K, f16, cold and warm); with --out DIR writes\n"
+      "              DIR/bench.csv and draws DIR/*.png if gnuplot is installed. `make plot\n"
+      "              BENCH_ARGS=plot-data` does the same through the Makefile.\n"
       "  mla         MLA decode step, DeepSeek-V2 attention dims, 16 and 128 heads, 1K/4K/16K tokens:\n"
 "              absorbed against naive (--quick: 16 heads, 1K and 4K)\n"
 "  all         memory, speed, quality and paged\n"
@@ -3912,6 +4032,12 @@ static void usage(void) {
       "                      under 30 ms get more (up to ~0.15 s of calls; at most 15 cold, 51 warm)\n"
       "  --block-sizes LIST  paged: tokens per block (default 1,4,16,64,256)\n"
       "  --no-prefill        speed: skip prefill\n"
+      "  --sweep             speed: only the context sweep (part sweep; with --parts, added to them):\n"
+      "                      decode against context 1K..128K (--quick 1K..16K; or --ctx) for the variants,\n"
+      "                      f16, 1 thread, cold and warm (or --dtypes, --threads, --modes), ns per cached\n"
+      "                      token, to show the linear cost and the step where the KV outgrows the caches\n"
+      "                      (MHA at 128K holds 2 GiB); plot-data: the same contexts, f16, cold and warm,\n"
+      "                      for plot.gp's decode_per_token.png (`make plot BENCH_ARGS='plot-data --sweep'`)\n"
       "  --prefill N,CTX     speed: prefill queries and cached tokens (default 512,4096; --quick 128,1024)\n"
       "  --trials N          quality: random queries per row (default 8)\n"
       "  --bw-mib N          bandwidth buffer (default 1024 MiB: far larger than the LLC)\n"
@@ -4007,6 +4133,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
     else if (!strcmp(a, "--quick")) o->quick = 1;
     else if (!strcmp(a, "--quiet")) g_quiet = 1;
     else if (!strcmp(a, "--no-prefill")) o->prefill = 0;
+    else if (!strcmp(a, "--sweep")) o->sweep = 1;
     else if (!strcmp(a, "--ctx")) {
       NEEDV();
       if ((n = parse_ints(v, o->ctx, MAXL)) <= 0) return bad("--ctx", v);
@@ -4076,6 +4203,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
         if (found < 0) return bad("--parts (" PART_LIST ")", v);
         o->parts |= 1u << found;
       }
+      o->parts_set = 1;
     } else if (!strcmp(a, "--trace-requests") || !strcmp(a, "--prefix-requests")) {
       NEEDV();
       if (parse_ints(v, tmp, 1) != 1 || tmp[0] < 2 || tmp[0] > 100000) return bad(a, v);
@@ -4124,7 +4252,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
       snprintf(buf, sizeof buf, "%s", v);
       for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
         if (o->n_dtypes >= 8 || !parse_dtype(tok, &o->dtypes[o->n_dtypes++])) return bad("--dtypes", v);
-      sf->dtypes = 1;
+      sf->dtypes = 1; o->dtypes_set = 1;
     } else if (!strcmp(a, "--variants")) {
       char buf[64], *tok, *save = NULL;
       NEEDV();
@@ -4142,7 +4270,7 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
         if (found < 0 || o->n_variants >= NVARIANT) return bad("--variants", v);
         o->variants[o->n_variants++] = found;
       }
-      sf->variants = 1;
+      sf->variants = 1; o->variants_set = 1;
     } else if (!strcmp(a, "--model")) {
       model *mo;
       const model *p;
@@ -4168,6 +4296,10 @@ static int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
     } else return bad("option", a);
 #undef NEEDV
   }
+  if (o->sweep) /* speed --sweep: the sweep alone, unless --parts names more */
+    o->parts = o->parts_set ? o->parts | PART_SWEEP
+                            : (o->parts & ~(unsigned)(PART_DECODE | PART_PREFILL | PART_CONTIG | PART_THREADS | PART_BATCH)) |
+                                  PART_SWEEP;
   return 0;
 }
 
@@ -4314,9 +4446,11 @@ int main(int argc, char **argv) {
   } else if (!strcmp(cmd, "plot-data")) {
     rows t = {0};
     defaults_for(&o, &sf, "plot-data");
-    if (!sf.dtypes) { o.dtypes[0] = KVA_F16; o.dtypes[1] = KVA_BF16; o.dtypes[2] = KVA_F32; o.n_dtypes = 3; }
+    if (o.sweep) sweep_opts(&o); /* 1K..128K, f16, cold and warm */
+    else if (!sf.dtypes) { o.dtypes[0] = KVA_F16; o.dtypes[1] = KVA_BF16; o.dtypes[2] = KVA_F32; o.n_dtypes = 3; }
     if (!o.reps_set) o.reps = o.quick ? 2 : 3;
     run_decode(&o, &m, &t);
+    rows_sort_series(&t);
     emit_rows(&t);
     rows_free(&t);
   }

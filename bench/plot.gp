@@ -1,18 +1,22 @@
 # bench/plot.gp - charts of kvattn_bench's CSV (gnuplot >= 5.2; Debian/Ubuntu: apt-get install gnuplot-nox)
 #
 #   make plot BENCH_ARGS=plot-data        # memory curves + decode at 1K..32K tokens (about a minute)
+#   make plot BENCH_ARGS='plot-data --sweep'   # decode at 1K..128K, f16, cold and warm (a few minutes)
 #   make plot                             # from the default run: memory curves + decode at 4K and 32K
 #   build/kvattn_bench plot-data --out build   # the same without make (writes build/bench.csv, runs this)
 #   gnuplot -e "datafile='build/bench.csv'; outdir='build'" bench/plot.gp
 #
 # Reads the single-header CSV of `kvattn_bench --csv` (rows of every section share one set of
-# columns; series are picked by the section/variant/dtype/threads/mode columns) and writes
+# columns; series are picked by the section/variant/dtype/threads/mode columns: gnuplot breaks a
+# line at every row a filter drops, so the bench writes each series' rows together) and writes
 #   outdir/kv_memory.png   KV cache per sequence against context: Llama-3-70B's MHA/GQA/MQA/MLA
 #                          variants in f16 with Mistral-7B's window cap (left), GQA per dtype (right);
 #                          the dashed line is the --mem budget
 #   outdir/decode.png      decode time per call against context for each variant (f16, 1 thread,
 #                          cold caches) with the DRAM floor (KV bytes / measured bandwidth, dashed)
 #                          (left); GQA's KV GB/s per dtype (f16, bf16, f32) against the measured bandwidth (right)
+#   outdir/decode_per_token.png  decode ns per cached token against context per variant, cold (solid) and
+#                          warm (dashed, from `plot-data --sweep`): the linear cost and the cache-to-DRAM step
 
 if (!exists("datafile")) datafile = "build/bench.csv"
 if (!exists("outdir")) outdir = "build"
@@ -84,4 +88,26 @@ plot datafile using (dec("GQA", "f16") ? column("ctx") : NaN):(dec("GQA", "f16")
      "" using (dec("GQA", "f32") ? column("ctx") : NaN):(dec("GQA", "f32") ? column("gbps") : NaN) smooth unique with linespoints lw 2 pt 7 lc 7 title "f32", \
      "" using (dec("GQA", "f16") ? column("ctx") : NaN):(dec("GQA", "f16") ? column("bw_gbps") : NaN) smooth unique with lines dt 2 lw 2 lc rgb "black" title "read bandwidth (1 thread)"
 unset multiplot
-print "wrote " . outdir . "/kv_memory.png and " . outdir . "/decode.png"
+
+# ---- decode cost per cached token (plot-data --sweep: 1K..128K, cold and warm; else cold only)
+pt(v, md) = sec("decode") && is("variant", v) && is("dtype", "f16") && column("threads") == 1 && is("mode", md)
+nspt(v, md) = pt(v, md) ? 1e9 * column("time_med_s") / column("ctx") : NaN
+ctxof(v, md) = pt(v, md) ? column("ctx") : NaN
+set terminal pngcairo size 1100,640 font "sans,10" noenhanced
+set output outdir . "/decode_per_token.png"
+unset multiplot
+set title "Decode cost per cached token (kva_attend_cache, f16, 1 thread; solid: cold caches, dashed: warm)\nflat = linear cost; warm climbs to cold where the KV of one call outgrows the caches"
+set key inside top left box opaque vertical
+set bmargin
+set yrange [*:*]
+set logscale y 2
+set ylabel "ns per cached token (median time / ctx)"
+plot datafile using (ctxof("MHA", "cold")):(nspt("MHA", "cold")) smooth unique with linespoints lw 2 pt 7 lc 1 title "MHA", \
+     "" using (ctxof("MHA", "warm")):(nspt("MHA", "warm")) smooth unique with linespoints lw 2 dt 2 pt 6 lc 1 notitle, \
+     "" using (ctxof("GQA", "cold")):(nspt("GQA", "cold")) smooth unique with linespoints lw 2 pt 5 lc 2 title "GQA", \
+     "" using (ctxof("GQA", "warm")):(nspt("GQA", "warm")) smooth unique with linespoints lw 2 dt 2 pt 4 lc 2 notitle, \
+     "" using (ctxof("MQA", "cold")):(nspt("MQA", "cold")) smooth unique with linespoints lw 2 pt 11 lc 3 title "MQA", \
+     "" using (ctxof("MQA", "warm")):(nspt("MQA", "warm")) smooth unique with linespoints lw 2 dt 2 pt 10 lc 3 notitle, \
+     "" using (ctxof("MLA", "cold")):(nspt("MLA", "cold")) smooth unique with linespoints lw 2 pt 9 lc 4 title "MLA", \
+     "" using (ctxof("MLA", "warm")):(nspt("MLA", "warm")) smooth unique with linespoints lw 2 dt 2 pt 8 lc 4 notitle
+print "wrote " . outdir . "/kv_memory.png, " . outdir . "/decode.png and " . outdir . "/decode_per_token.png"
