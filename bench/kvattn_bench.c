@@ -2716,6 +2716,182 @@ static void cmd_quality(const opts *o) {
 }
 
 /* =====================================================================
+   quality, continued: FP8 scale calibration rules (kva_fp8_calibrate)
+   ===================================================================== */
+
+/* x -> fp8(x / scale) -> back, as the cache stores it (the bulk converters): relative RMS error
+   of the round trip and the share of values beyond the format's largest finite (saturated) */
+static void fp8_roundtrip(kva_dtype fmt, const float *x, size_t n, float scale, double *rel_rms, double *sat) {
+  float buf[4096], inv = 1.0f / scale;
+  uint8_t codes[4096];
+  const double fmax = fmt == KVA_FP8_E4M3 ? 448.0 : 57344.0;
+  double se = 0, sr = 0;
+  size_t off, i, n_sat = 0;
+  for (off = 0; off < n; off += 4096) {
+    size_t m = n - off < 4096 ? n - off : 4096;
+    for (i = 0; i < m; i++) {
+      buf[i] = x[off + i] * inv;
+      n_sat += fabs((double)buf[i]) > fmax;
+    }
+    if (fmt == KVA_FP8_E4M3) {
+      kva_f32_to_e4m3_n(codes, buf, m);
+      kva_e4m3_to_f32_n(buf, codes, m);
+    } else {
+      kva_f32_to_e5m2_n(codes, buf, m);
+      kva_e5m2_to_f32_n(buf, codes, m);
+    }
+    for (i = 0; i < m; i++) {
+      double d = (double)buf[i] * scale - x[off + i];
+      se += d * d;
+      sr += (double)x[off + i] * x[off + i];
+    }
+  }
+  *rel_rms = sr > 0 ? sqrt(se / sr) : 0;
+  *sat = n ? (double)n_sat / (double)n : 0;
+}
+
+enum { CAL_NONE, CAL_ABSMAX, CAL_VLLM, CAL_MSE, NCAL };
+enum { TEN_K, TEN_V, TEN_KV, NTEN };
+
+static void quality_calib(const opts *o) {
+  static const kva_dtype fmts[2] = {KVA_FP8_E4M3, KVA_FP8_E5M2};
+  static const char *ten_name[NTEN] = {"K (outlier ch.)", "V", "K+V"};
+  rows t = {0};
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  kva_attn a = shape_attn(&s, 0);
+  long n = o->ctx[0];
+  int T = o->trials, fi, te, ru, tr, seq;
+  size_t nk = (size_t)n * s.G * s.D, nv = (size_t)n * s.G * s.DV, no = (size_t)s.H * s.DV;
+  float *k = (float *)xalloc(nk * 4), *v = (float *)xalloc(nv * 4), *q = (float *)xalloc((size_t)T * s.H * s.D * 4);
+  float *ref = (float *)xalloc((size_t)T * no * 4), *ox = (float *)xalloc(no * 4);
+  unsigned char *heavy = (unsigned char *)xalloc((size_t)n);
+  uint64_t rng = o->seed + 41;
+  kva_cache *c = NULL;
+  kva_status st;
+  char title[1400];
+  progress("quality calib: data and the f32 reference");
+  gen_pattern(PAT_OUTLIER, &s, n, T, k, v, q, heavy, &rng);
+  st = build_cache(&s, KVA_F32, n, 1, 16, 0, 1.0f, 1.0f, k, v, &rng, &c, &seq);
+  for (tr = 0; tr < T && st == KVA_OK; tr++)
+    st = kva_attend_cache(c, seq, 0, &a, q + (size_t)tr * s.H * s.D, 1, ref + (size_t)tr * no);
+  if (c) kva_cache_destroy(c);
+  if (st != KVA_OK) {
+    row *w = rows_add(&t, "calib");
+    rs(w, C_NOTE, "ERROR f32 reference: %s", kva_status_str(st));
+    g_failed = 1;
+  }
+  for (fi = 0; fi < 2 && st == KVA_OK; fi++) {
+    kva_dtype fmt = fmts[fi];
+    float scale[2][NCAL]; /* [K, V][rule] */
+    double rt[2][NCAL], sat[2][NCAL];
+    for (te = 0; te < 2; te++)
+      for (ru = 0; ru < NCAL; ru++) {
+        const float *x = te ? v : k;
+        size_t nx = te ? nv : nk;
+        kva_calib rule = ru == CAL_ABSMAX ? KVA_CALIB_ABSMAX
+                         : ru == CAL_VLLM ? (te ? KVA_CALIB_VLLM_V : KVA_CALIB_VLLM_K)
+                                          : KVA_CALIB_MSE;
+        kva_status cs = KVA_OK;
+        scale[te][ru] = 1.0f;
+        if (ru != CAL_NONE) cs = kva_fp8_calibrate(fmt, x, nx, rule, &scale[te][ru]);
+        if (cs != KVA_OK || !(scale[te][ru] > 0)) {
+          row *w = rows_add(&t, "calib");
+          rs(w, C_DTYPE, "%s", dtype_str(fmt));
+          rs(w, C_NOTE, "ERROR kva_fp8_calibrate: %s (scale %g)", kva_status_str(cs), scale[te][ru]);
+          g_failed = 1;
+          scale[te][ru] = 1.0f;
+        }
+        fp8_roundtrip(fmt, x, nx, scale[te][ru], &rt[te][ru], &sat[te][ru]);
+      }
+    for (te = 0; te < NTEN; te++) {
+      double err[NCAL];
+      int first = t.n, best = -1;
+      for (ru = 0; ru < NCAL; ru++) {
+        row *w = rows_add(&t, "calib");
+        kva_dtype kd = te == TEN_V ? KVA_F32 : fmt, vd = te == TEN_K ? KVA_F32 : fmt;
+        float ks = te == TEN_V ? 1.0f : scale[0][ru], vs = te == TEN_K ? 1.0f : scale[1][ru];
+        errstat e = {0, 0, 0};
+        size_t z;
+        progress("quality calib: %s %s %s", dtype_str(fmt), ten_name[te],
+                 ru == CAL_NONE ? "1.0" : ru == CAL_ABSMAX ? "absmax" : ru == CAL_VLLM ? "vllm" : "mse");
+        set_shape_cols(w, &s, fmt);
+        rs(w, C_PATTERN, "outlier-K");
+        rs(w, C_TENSOR, "%s", ten_name[te]);
+        rs(w, C_RULE, "%s", ru == CAL_NONE ? "none (1.0)" : ru == CAL_ABSMAX ? "ABSMAX" : ru == CAL_MSE ? "MSE"
+                            : te == TEN_K ? "VLLM_K (/200)" : te == TEN_V ? "VLLM_V (/100)" : "VLLM_K / VLLM_V");
+        rn(w, C_CTX, (double)n);
+        rn(w, C_NQ, T);
+        if (te != TEN_KV) {
+          rn(w, C_SCALE, scale[te][ru]);
+          rn(w, C_RTRMS, rt[te][ru]);
+          rn(w, C_SAT, sat[te][ru]);
+        } else {
+          rs(w, C_NOTE, "scales K %.3g, V %.3g", scale[0][ru], scale[1][ru]);
+        }
+        err[ru] = -1;
+        st = build_cache_kv(&s, kd, vd, n, 1, 16, 0, ks, vs, k, v, &rng, &c, &seq);
+        if (st != KVA_OK) {
+          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+          if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
+          st = KVA_OK;
+          continue;
+        }
+        for (tr = 0; tr < T && st == KVA_OK; tr++) {
+          double tmp[4096];
+          size_t off;
+          st = kva_attend_cache(c, seq, 0, &a, q + (size_t)tr * s.H * s.D, 1, ox);
+          for (off = 0; off < no && st == KVA_OK; off += 4096) {
+            size_t m = no - off < 4096 ? no - off : 4096;
+            for (z = 0; z < m; z++) tmp[z] = ref[(size_t)tr * no + off + z];
+            err_add(&e, ox + off, tmp, m);
+          }
+        }
+        kva_cache_destroy(c);
+        c = NULL;
+        if (st != KVA_OK) {
+          rs(w, C_NOTE, "attend: %s", kva_status_str(st));
+          g_failed = 1;
+          st = KVA_OK;
+          continue;
+        }
+        err[ru] = sqrt(e.se / e.sr);
+        rn(w, C_RELRMS, err[ru]);
+        rn(w, C_MAXABS, e.mx);
+        if (best < 0 || err[ru] < err[best]) best = ru;
+      }
+      for (ru = 0; ru < NCAL; ru++) {
+        row *w = &t.r[first + ru];
+        if (err[ru] < 0) continue;
+        if (err[CAL_VLLM] > 0) rn(w, C_RATIO, err[ru] / err[CAL_VLLM]);
+        if (best >= 0 && err[ru] == err[best]) rs(w, C_PASS, "best"); /* ties: every rule with that error */
+      }
+    }
+  }
+  progress_end();
+  if (g_fmt == OUT_TABLE) {
+    static const vcol vv[] = {{C_DTYPE, "format", FM_STR},         {C_TENSOR, "FP8 tensor", FM_STR},
+                              {C_RULE, "rule", FM_STR},            {C_SCALE, "scale", FM_G3},
+                              {C_SAT, "saturated", FM_PCT},        {C_RTRMS, "round trip rel RMS", FM_E},
+                              {C_RELRMS, "out rel RMS vs f32", FM_E}, {C_MAXABS, "out max|err|", FM_E},
+                              {C_RATIO, "vs vLLM", FM_X},          {C_PASS, "", FM_STR},
+                              {C_NOTE, "note", FM_STR}};
+    snprintf(title, sizeof title,
+             "FP8 scale calibration (kva_fp8_calibrate on the whole tensor): GQA H=%d G=%d D=%d, %ld tokens; K with\n"
+             "  4 outlier channels (~20, the rest N(0,1)), V N(0,1). Rules: none = 1.0 (vLLM's silent default),\n"
+             "  ABSMAX = max|x|/format max (448, 57344), VLLM = max|x|/200 (K) and /100 (V), MSE = the library's\n"
+             "  least round-trip squared error. saturated = share of values beyond the format's range at that scale;\n"
+             "  round trip = ||fp8(x/scale)*scale - x|| / ||x||. Output: decode (n_q=1, %d random queries) with only\n"
+             "  that tensor in FP8 (the other f32; K+V: both, each with its rule) against the same data in f32;\n"
+             "  vs vLLM = output error / the VLLM rule's (below 1: better than vLLM); best = the least output error.",
+             o->H, o->G, o->D, n, T);
+    print_table(title, vv, NV(vv), &t, C_DTYPE);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+  free(k); free(v); free(q); free(ref); free(ox); free(heavy);
+}
+
+/* =====================================================================
    paged: decode time against block size and layout
    ===================================================================== */
 
@@ -3981,7 +4157,11 @@ static void usage(void) {
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
       "              --evict-ctx generation, each step's output against the full cache, bytes held,\n"
-      "              kva_seq_len against the budget, decode time per step (H=8 G=2 D=64 f16)\n"
+      "              kva_seq_len against the budget, decode time per step (H=8 G=2 D=64 f16); FP8 scale\n"
+      "              calibration (part calib): for E4M3 and E5M2, on outlier-channel K and on V, the scale\n"
+      "              of each kva_fp8_calibrate rule (ABSMAX, VLLM_K / VLLM_V, MSE; and 1.0), its\n"
+      "              saturation and round-trip error, and the decode output error against f32 storage\n"
+      "              with that scale in the cache (at the first --ctx, --trials queries)\n"
       "  paged       decode time against block size (--block-sizes) with blocks in order or scattered;\n"
       "              ratios to one contiguous block and (f32) to plain arrays, the block-16 ratio against\n"
       "              a 1.05 target (part attn); memory waste of a request trace under continuous\n"
@@ -4458,6 +4638,7 @@ int main(int argc, char **argv) {
     defaults_for(&o, &sf, "quality");
     if (o.parts & PART_DTYPES) cmd_quality(&o);
     if (o.parts & PART_EVICT) quality_evict(&o);
+    if (o.parts & PART_CALIB) quality_calib(&o);
   }
   if (!strcmp(cmd, "paged") || !strcmp(cmd, "all")) {
     defaults_for(&o, &sf, "paged");
