@@ -9,13 +9,18 @@
                 per dtype (f16, int8, fp8) against the int8/fp8 time targets
      memory     bytes per token for MHA / MQA / GQA / MLA of each model per dtype,
                 checked against a real cache; FACTS.md checks; the seed's table corrected
-     speed      this machine's read bandwidth and FMA peak, then decode / prefill timings
+     speed      this machine's read bandwidth, FMA peak and OpenMP fork/join cost, then decode /
+                prefill timings, paged vs contiguous, decode thread scaling (1 vs 2 threads, outputs
+                compared bitwise), continuous batching (kva_attend_batch vs a loop of
+                kva_attend_cache); --sweep: decode against context 1K..128K (ns per cached token)
      quality    output error of each storage dtype against F32 storage and an fp64 reference;
-                eviction policies (WINDOW, WINDOW + sinks, H2O) against the full cache
+                eviction policies (WINDOW, WINDOW + sinks, H2O) against the full cache; FP8 scale
+                calibration rules (kva_fp8_calibrate) and the output error each gives
      paged      decode time against block size and block layout; paged/contiguous ratios;
                 memory waste of a request trace (paged vs reservations); a shared system prompt
                 across two salted tenants (prefix caching); block operations per second
-     plot-data  the CSV that bench/plot.gp draws (memory vs context, decode vs context)
+     plot-data  the CSV that bench/plot.gp draws (memory vs context, decode vs context; --sweep:
+                decode to 128K, cold and warm)
      all        memory, speed, quality and paged
 
    Output: an aligned table (default), --csv (one header, one row per result, the same
@@ -2367,10 +2372,17 @@ static void sweep_opts(opts *so) {
 
 /* Decode rows ordered as series (variant, dtype, threads, mode; context order kept): gnuplot
    breaks a line at every row its filter drops, so plot.gp needs each series' rows together. */
+static int variant_rank(const row *r) {
+  int k;
+  for (k = 0; k < NVARIANT && r->kind[C_VARIANT] == 2; k++)
+    if (!strcmp(r->str[C_VARIANT], variant_name[k])) return k;
+  return NVARIANT;
+}
 static int series_cmp(const row *a, const row *b) {
   static const int key[] = {C_VARIANT, C_DTYPE, C_THREADS, C_MODE};
   int k;
-  for (k = 0; k < 4; k++) {
+  if (variant_rank(a) != variant_rank(b)) return variant_rank(a) - variant_rank(b);
+  for (k = 1; k < 4; k++) {
     int c = key[k];
     if (a->kind[c] == 2 && b->kind[c] == 2) {
       int d = strcmp(a->str[c], b->str[c]);
@@ -4145,7 +4157,8 @@ static void usage(void) {
       "  memory      bytes per token for MHA, MQA, GQA and MLA of each model, per dtype; at --ctx and\n"
       "              --batch; what fits --mem; checked against a real cache; FACTS.md checks; the seed's\n"
       "              comparison table corrected; KV memory against context (the plot's data)\n"
-      "  speed       read bandwidth (1 and all threads) and FMA peak; decode for the variants, dtypes,\n"
+      "  speed       read bandwidth (1 and all threads), FMA peak and the cost of an OpenMP parallel\n"
+      "              region (fork/join); decode for the variants, dtypes,\n"
       "              contexts, thread counts, cold and warm (part decode); prefill (GFLOP/s against the\n"
       "              FMA peak; part prefill); paged cache against contiguous arrays (part contig); decode\n"
       "              thread scaling, 1 against 2 threads (or the largest --threads) for MQA, MLA (16 and\n"
@@ -4250,7 +4263,9 @@ static void usage(void) {
       "  --out DIR           plot-data: write DIR/bench.csv (and plots) instead of stdout\n"
       "  --quick             smoke run: small contexts (1024,4096), 2 reps, 256 MiB bandwidth buffer,\n"
       "                      128 MiB flush buffer, prefill 128 over 1024, 2 quality trials, 200 trace\n"
-      "                      and 64 prefix requests, 3 rounds of block operations, eviction over 1024\n"
+      "                      and 64 prefix requests, 3 rounds of block operations, eviction over 1024;\n"
+      "                      speed: thread scaling at 4096, a batch of 8 sequences of 256..2048 and an\n"
+      "                      MQA pair of 8192+4096, --sweep to 16K; quality calib over 1024 tokens\n"
       "  --quiet             no progress on stderr\n"
       "  --help              this text\n"
       "\n"
