@@ -172,6 +172,14 @@
 #define KVA__ALIGN(n)
 #endif
 
+/* g++ 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics
+   (their `__Y = __Y` idiom for an undefined vector) once they inline here. */
+#if defined(__cplusplus) && defined(__GNUC__) && !defined(__clang__) && KVATTN_SIMD == KVA_SIMD_AVX512
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define KVA__POP_DIAGNOSTICS 1
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -361,73 +369,6 @@ typedef struct {
 static const kva__fp8_format kva__e4m3_format = {121u << 23, 141u << 23, 20, 120u << 23, 0x7e, 0x7f, 0};
 static const kva__fp8_format kva__e5m2_format = {113u << 23, 134u << 23, 21, 112u << 23, 0x7b, 0x7f, 1};
 
-/* FP8 cache scales (kva_cache_desc.k_scale / v_scale) from sample K or V:
-   KVA_CALIB_ABSMAX   max|x| / format max (448, 57344): nothing saturates;
-   KVA_CALIB_VLLM_K   max|x| / 200 and KVA_CALIB_VLLM_V max|x| / 100 (vLLM's
-                      "calculate" rule: headroom for values larger than the sample's);
-   KVA_CALIB_MSE      (default) of ABSMAX's scale times 2^(-k/8), k = 0..40, the
-                      one with the least round-trip squared error on the sample
-                      (at most 4096 evenly spaced values): trading a few saturated
-                      outliers for resolution where values are dense.
-   Non-finite values are ignored; an all-zero or empty sample gives 1. The
-   result is finite, > 0 and accepted by kva_cache_create. */
-typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_VLLM_V } kva_calib;
-
-static inline double kva__fp8_sq_error(kva_dtype t, const float *x, size_t n, size_t step, float scale) {
-  float inv = 1.0f / scale;
-  double err = 0.0;
-  size_t i;
-  for (i = 0; i < n; i += step) {
-    float y, v = x[i];
-    if (!(fabsf(v) <= FLT_MAX)) continue;
-    y = t == KVA_FP8_E4M3 ? kva_e4m3_to_f32(kva_f32_to_e4m3(v * inv)) : kva_e5m2_to_f32(kva_f32_to_e5m2(v * inv));
-    err += ((double)y * scale - v) * ((double)y * scale - v);
-  }
-  return err;
-}
-
-KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale) {
-  float amax = 0.0f, fmax, s;
-  size_t i;
-  if (!scale || (t != KVA_FP8_E4M3 && t != KVA_FP8_E5M2) || (n > 0 && !x)) return KVA_ERR_ARG;
-  if (rule != KVA_CALIB_MSE && rule != KVA_CALIB_ABSMAX && rule != KVA_CALIB_VLLM_K && rule != KVA_CALIB_VLLM_V)
-    return KVA_ERR_ARG;
-  fmax = t == KVA_FP8_E4M3 ? 448.0f : 57344.0f;
-  for (i = 0; i < n; i++) {
-    float a = fabsf(x[i]);
-    if (a > amax && a <= FLT_MAX) amax = a;
-  }
-  if (amax == 0.0f) {
-    *scale = 1.0f;
-    return KVA_OK;
-  }
-  switch (rule) {
-    case KVA_CALIB_VLLM_K: s = amax / 200.0f; break;
-    case KVA_CALIB_VLLM_V: s = amax / 100.0f; break;
-    case KVA_CALIB_ABSMAX: s = amax / fmax; break;
-    default: {
-      size_t step = n / 4096 + 1;
-      double best = -1.0;
-      int k;
-      s = amax / fmax;
-      for (k = 0; k <= 40; k++) {
-        float c = (float)((double)amax / fmax * pow(2.0, -k / 8.0));
-        double e;
-        if (!(c >= FLT_MIN)) break;
-        e = kva__fp8_sq_error(t, x, n, step, c);
-        if (best < 0.0 || e < best) {
-          best = e;
-          s = c;
-        }
-      }
-      break;
-    }
-  }
-  if (!(s >= FLT_MIN)) s = FLT_MIN; /* a subnormal sample */
-  if (t == KVA_FP8_E4M3 && s > FLT_MAX / 512.0f) s = FLT_MAX / 512.0f; /* the kernels fold x256 into it */
-  *scale = s;
-  return KVA_OK;
-}
 
 /* Bytes of one stored element; 0 for types that cannot be cache storage. */
 static inline size_t kva__dtype_size(kva_dtype t) {
@@ -457,6 +398,8 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 #define KVA__SPLIT_MIN 1024   /* split-K: fewest keys per split */
 #define KVA__SPLIT_TARGET 8   /* split-K: work units a call aims for */
 #define KVA__MAXSPLIT 16
+#define KVA__STACK_SCRATCH 4096   /* floats: kva_attend's split-K partials on the stack */
+#define KVA__CACHE_SPLIT_ROWS 256 /* a cache's split-K partials: rows of v_dim + 1 floats */
 
 /* --- scalar row loaders --- */
 static inline float kva__load1_f32(const void *row, int i) { return ((const float *)row)[i]; }
@@ -970,10 +913,11 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
     for (i = 0; i + 64 <= dv; i += 64) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv); \
-    rest = (dv - i + 15) / 16;                                                                  \
+    rest = (dv - i + 15) / 16; /* vectors left, the last one masked */                          \
     if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv);         \
     if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv);         \
     if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv);         \
+    if (rest == 4) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv);         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_avx512(float *const *acc, int nr, const float *p, int ldp, \
                                                    const void *const *vrows, int nk, int dv, float cs) { \
@@ -1346,6 +1290,83 @@ KVA_API void kva_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n) {
   for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(src[i]);
 }
 
+/* FP8 cache scales (kva_cache_desc.k_scale / v_scale) from sample K or V:
+   KVA_CALIB_ABSMAX   max|x| / format max (448, 57344): nothing saturates;
+   KVA_CALIB_VLLM_K   max|x| / 200 and KVA_CALIB_VLLM_V max|x| / 100 (vLLM's
+                      "calculate" rule: headroom for values larger than the sample's);
+   KVA_CALIB_MSE      (default) of vLLM's two scales and ABSMAX's times 2^(-k/8),
+                      k = 0..40, the
+                      one with the least round-trip squared error over the whole
+                      sample (43 vectorised encodes of it): trading a few
+                      saturated outliers for resolution where values are dense.
+   Non-finite values are ignored; an all-zero or empty sample gives 1. The
+   result is finite, > 0 and accepted by kva_cache_create. */
+typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_VLLM_V } kva_calib;
+
+/* Round-trip squared error of the finite values of x under `scale`, the
+   store path's vector encoder doing the encoding. */
+static inline double kva__fp8_sq_error(const kva__fp8_format *f, const float *decode, const float *x, size_t n,
+                                       float scale) {
+  uint8_t codes[1024];
+  float inv = 1.0f / scale;
+  double err = 0.0;
+  size_t i0, i;
+  for (i0 = 0; i0 < n; i0 += sizeof codes) {
+    size_t m = n - i0 < sizeof codes ? n - i0 : sizeof codes;
+    kva__fp8_encode(codes, x + i0, m, inv, f);
+    for (i = 0; i < m; i++) {
+      double d = (double)decode[codes[i]] * scale - x[i0 + i];
+      if (fabsf(x[i0 + i]) <= FLT_MAX) err += d * d;
+    }
+  }
+  return err;
+}
+
+KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale) {
+  float amax = 0.0f, fmax, s;
+  size_t i;
+  if (!scale || (t != KVA_FP8_E4M3 && t != KVA_FP8_E5M2) || (n > 0 && !x)) return KVA_ERR_ARG;
+  if (rule != KVA_CALIB_MSE && rule != KVA_CALIB_ABSMAX && rule != KVA_CALIB_VLLM_K && rule != KVA_CALIB_VLLM_V)
+    return KVA_ERR_ARG;
+  fmax = t == KVA_FP8_E4M3 ? 448.0f : 57344.0f;
+  for (i = 0; i < n; i++) {
+    float a = fabsf(x[i]);
+    if (a > amax && a <= FLT_MAX) amax = a;
+  }
+  if (amax == 0.0f) {
+    *scale = 1.0f;
+    return KVA_OK;
+  }
+  switch (rule) {
+    case KVA_CALIB_VLLM_K: s = amax / 200.0f; break;
+    case KVA_CALIB_VLLM_V: s = amax / 100.0f; break;
+    case KVA_CALIB_ABSMAX: s = amax / fmax; break;
+    default: {
+      const kva__fp8_format *f = t == KVA_FP8_E4M3 ? &kva__e4m3_format : &kva__e5m2_format;
+      float decode[256];
+      double best = -1.0;
+      int k;
+      for (k = 0; k < 256; k++) decode[k] = t == KVA_FP8_E4M3 ? kva_e4m3_to_f32((uint8_t)k) : kva_e5m2_to_f32((uint8_t)k);
+      s = amax / fmax;
+      for (k = -2; k <= 40; k++) { /* k -2, -1: vLLM's two scales; then ABSMAX's x 2^(-k/8) */
+        float c = k == -2 ? amax / 200.0f : k == -1 ? amax / 100.0f : (float)((double)amax / fmax * pow(2.0, -k / 8.0));
+        double e;
+        if (!(c >= FLT_MIN)) continue;
+        e = kva__fp8_sq_error(f, decode, x, n, c);
+        if (best < 0.0 || e < best) {
+          best = e;
+          s = c;
+        }
+      }
+      break;
+    }
+  }
+  if (!(s >= FLT_MIN)) s = FLT_MIN; /* a subnormal sample */
+  if (t == KVA_FP8_E4M3 && s > FLT_MAX / 512.0f) s = FLT_MAX / 512.0f; /* the kernels fold x256 into it */
+  *scale = s;
+  return KVA_OK;
+}
+
 /* INT8 row: symmetric, scale = amax / 127 stored before the n codes; an
    all-zero row gives scale 0 and codes 0. Non-finite inputs: NaN stores 0,
    +-Inf stores +-127 with the scale of the finite values. */
@@ -1658,7 +1679,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
    out may be parts[0]. */
 static inline float kva__merge_row(float *out, const float *const *parts, const float *lses, int S, int dv) {
   float mx = -INFINITY, wsum = 0.0f, wt[KVA__MAXSPLIT], inv;
-  int s, i;
+  int s, i, live = 0, last = 0;
   KVATTN_ASSERT(S <= KVA__MAXSPLIT);
   for (s = 0; s < S; s++)
     if (lses[s] > mx) mx = lses[s];
@@ -1666,7 +1687,14 @@ static inline float kva__merge_row(float *out, const float *const *parts, const 
     memset(out, 0, (size_t)dv * sizeof(float));
     return -INFINITY;
   }
-  for (s = 0; s < S; s++) wsum += wt[s] = lses[s] > -INFINITY ? expf(lses[s] - mx) : 0.0f;
+  for (s = 0; s < S; s++) {
+    wsum += wt[s] = lses[s] > -INFINITY ? expf(lses[s] - mx) : 0.0f;
+    if (wt[s] != 0.0f) last = s, live++;
+  }
+  if (live == 1) { /* one part saw keys: it is the answer, bit for bit */
+    if (out != parts[last]) memmove(out, parts[last], (size_t)dv * sizeof(float));
+    return lses[last];
+  }
   inv = 1.0f / wsum;
   for (s = 0; s < S; s++) wt[s] *= inv;
   for (i = 0; i < dv; i++) {
@@ -1695,7 +1723,7 @@ static inline int kva__threads(int n_threads) {
    of threads. */
 static inline int kva__kv_splits(int items, int n_kv, int has_scores) {
   int s;
-  if (has_scores || items >= KVA__SPLIT_TARGET) return 1; /* H2O needs each row's final softmax */
+  if (has_scores || items <= 0 || items >= KVA__SPLIT_TARGET) return 1; /* H2O needs each row's final softmax */
   s = (KVA__SPLIT_TARGET + items - 1) / items;
   if (s > n_kv / KVA__SPLIT_MIN) s = n_kv / KVA__SPLIT_MIN;
   return s < 1 ? 1 : s;
@@ -1710,18 +1738,26 @@ static inline void kva__split_range(int n_kv, int S, int s, int *kv0, int *kv1) 
 }
 
 /* All rows of all KV heads; work items (KV head, row chunk), or their
-   splits, run in parallel. */
+   splits, run in parallel. Split partial results go to `scratch` (room for
+   scratch_floats) and, if they do not fit, to a KVATTN_MALLOC buffer when
+   may_alloc; otherwise the split count shrinks to what fits (still a
+   function of the shape alone). */
 static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view *w, int n_kv, const float *q,
                                    int n_q, const int32_t *q_pos, int32_t q_base, float *out, float *lse,
-                                   int n_threads) {
+                                   int n_threads, float *scratch, size_t scratch_floats, int may_alloc) {
   int rows = n_q * P->R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
   /* with key scores, one item per KV head: its chunks add to the same keys */
   int per_item = w->key_scores ? chunks : 1;
   int items = P->G * (chunks / per_item), it, nt = kva__threads(n_threads), u;
   int S = kva__kv_splits(items, n_kv, w->key_scores != NULL);
-  size_t part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1); /* one unit's partial rows, then their lse */
-  float *scratch = S > 1 ? (float *)KVATTN_MALLOC((size_t)items * (size_t)S * part * sizeof(float)) : NULL;
-  if (scratch) {
+  int item_rows = rows < KVA__MAXROWS ? rows : KVA__MAXROWS;
+  size_t part = (size_t)item_rows * ((size_t)P->DV + 1); /* one unit's partial rows, then their lse */
+  float *heap = NULL;
+  if (S > 1 && (size_t)items * (size_t)S * part > scratch_floats) {
+    if (may_alloc) scratch = heap = (float *)KVATTN_MALLOC((size_t)items * (size_t)S * part * sizeof(float));
+    if (!heap) S = (int)(scratch_floats / ((size_t)items * part)); /* no memory: fewer splits, same rule */
+  }
+  if (S > 1) {
     int units = items * S, ntu = nt < units ? nt : units;
     (void)ntu;
     KVA__OMP_FOR(ntu)
@@ -1730,7 +1766,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
       float *po = scratch + (size_t)u * part;
       kva__split_range(n_kv, S, u % S, &kv0, &kv1);
       kva__attend_rows(P, w, kv0, kv1, u / S / chunks, q, q_pos, q_base, c0,
-                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + KVA__MAXROWS * P->DV, 1);
+                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + (size_t)item_rows * P->DV, 1);
     }
     if (nt > items) nt = items;
     KVA__OMP_FOR(nt)
@@ -1744,13 +1780,13 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
         for (s = 0; s < S; s++) {
           const float *po = scratch + (size_t)(it * S + s) * part;
           parts[s] = po + (size_t)t * (size_t)P->DV;
-          lses[s] = po[(size_t)KVA__MAXROWS * (size_t)P->DV + (size_t)t];
+          lses[s] = po[(size_t)item_rows * (size_t)P->DV + (size_t)t];
         }
         l_ = kva__merge_row(out + o * (size_t)P->DV, parts, lses, S, P->DV);
         if (lse) lse[o] = l_;
       }
     }
-    KVATTN_FREE(scratch);
+    if (heap) KVATTN_FREE(heap);
     return;
   }
   /* unsplit (or no memory for the partial results: the same answer, one unit per item) */
@@ -1807,7 +1843,11 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   w.v_tok_stride = w.v_head_stride * (size_t)P.G;
   w.pos = kv_pos;
   if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
-  kva__attend_all(&P, &w, n_kv, q, n_q, q_pos, (int32_t)(n_kv - n_q), out, lse, a->n_threads);
+  {
+    float scratch[KVA__STACK_SCRATCH]; /* split-K partials of a decode step, which never allocates */
+    kva__attend_all(&P, &w, n_kv, q, n_q, q_pos, (int32_t)(n_kv - n_q), out, lse, a->n_threads, scratch,
+                    KVA__STACK_SCRATCH, n_q > 1);
+  }
   return KVA_OK;
 }
 
@@ -1980,6 +2020,7 @@ struct kva_cache {
   float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention */
   int32_t *victims;         /* [n_blocks * bs] eviction scratch */
   unsigned char *victim_flag; /* [n_blocks * bs] */
+  float *split_scratch;     /* [KVA__CACHE_SPLIT_ROWS][DV + 1]: split-K partials, so decode never allocates */
   kva__block *blk;          /* [n_blocks + 2]; sentinels: free list n_blocks, cached list n_blocks+1 */
   int32_t *blk_tokens;      /* [n_blocks][bs] token ids a published block was published under */
   int32_t *buckets;         /* [n_buckets] prefix hash table heads */
@@ -2061,7 +2102,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   kva_cache *c;
   void *allocated; /* what free_fn / KVATTN_FREE gets back */
   size_t block_bytes = 0, off, total, pos_bytes;
-  size_t o_score, o_vict, o_vflag;
+  size_t o_score, o_vict, o_vflag, o_split;
   size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_blk, o_tok, o_bkt, o_seqs, o_tables, o_data;
   size_t n_buckets = 1;
   int l, i, bs, n_blocks, max_seqs;
@@ -2119,6 +2160,9 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   o_score = off; off = kva__align64(off + pos_bytes);
   o_vict = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
   o_vflag = off; off = kva__align64(off + (size_t)n_blocks * (size_t)bs);
+  o_split = off;
+  off = kva__align64(off + sizeof(float) * KVA__CACHE_SPLIT_ROWS *
+                               ((size_t)(d->v_dim ? d->v_dim : d->head_dim) + 1));
   while (n_buckets < (size_t)n_blocks) n_buckets <<= 1;
   o_blk = off; off = kva__align64(off + sizeof(kva__block) * ((size_t)n_blocks + 2));
   o_tok = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
@@ -2165,6 +2209,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->block_score = (float *)(raw + o_score);
   c->victims = (int32_t *)(raw + o_vict);
   c->victim_flag = raw + o_vflag;
+  c->split_scratch = (float *)(raw + o_split);
   c->blk = (kva__block *)(raw + o_blk);
   c->blk_tokens = (int32_t *)(raw + o_tok);
   c->buckets = (int32_t *)(raw + o_bkt);
@@ -2844,7 +2889,8 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
   kva__cache_view(c, s, layer, &w);
   if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
     w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
-  kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads);
+  kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads, c->split_scratch,
+                  (size_t)KVA__CACHE_SPLIT_ROWS * ((size_t)c->DV + 1), n_q > 1);
   return KVA_OK;
 }
 
@@ -2868,7 +2914,7 @@ typedef struct {
 struct kva_batch {
   kva__attn_params P;
   int n_threads, n_seqs, n_units, n_merges, splits_max;
-  int *seq_id, *n_q, *len, *q_row; /* per sequence; q_row: first query row in q / out */
+  int *seq_id, *n_q, *len, *pos, *evict_kind, *q_row; /* per sequence; q_row: first query row in q / out */
   int *merge_unit;                 /* per merged item: its first unit (its parts follow) */
   int *merge_splits;
   kva__unit *units;
@@ -2919,7 +2965,7 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
     }
   }
   part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
-  bytes = sizeof(kva_batch) + (size_t)n_seqs * (4 * sizeof(int) + sizeof(kva__kv_view)) +
+  bytes = sizeof(kva_batch) + (size_t)n_seqs * (6 * sizeof(int) + sizeof(kva__kv_view)) +
           (size_t)n_merges * 2 * sizeof(int) + (size_t)n_units * sizeof(kva__unit) + 64 +
           (size_t)n_parts * part * sizeof(float);
   mem = (unsigned char *)KVATTN_MALLOC(bytes);
@@ -2934,7 +2980,9 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
   b->seq_id = (int *)mem;
   b->n_q = b->seq_id + n_seqs;
   b->len = b->n_q + n_seqs;
-  b->q_row = b->len + n_seqs;
+  b->pos = b->len + n_seqs;
+  b->evict_kind = b->pos + n_seqs;
+  b->q_row = b->evict_kind + n_seqs;
   b->merge_unit = b->q_row + n_seqs;
   b->merge_splits = b->merge_unit + n_merges;
   mem = (unsigned char *)(b->merge_splits + n_merges);
@@ -2954,6 +3002,8 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
     b->seq_id[i] = seqs[i];
     b->n_q[i] = n_q[i];
     b->len[i] = s->len;
+    b->pos[i] = s->pos;
+    b->evict_kind[i] = (int)s->evict.kind;
     b->q_row[i] = rows_total;
     rows_total += n_q[i];
     if (chunks == 0) continue;
@@ -2992,11 +3042,14 @@ KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const
   P = &b->P;
   if (P->G != c->G || P->D != c->D || P->DV != c->DV) return KVA_ERR_ARG;
   if (b->n_units > 0 && (!q || !out)) return KVA_ERR_ARG;
-  for (i = 0; i < b->n_seqs; i++) {
+  for (i = 0; i < b->n_seqs; i++) { /* a stale plan: the sequence moved on (argument errors first) */
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
-    if (!s) return KVA_ERR_SEQ;
-    if (s->len != b->len[i] || b->n_q[i] > s->last_append) return KVA_ERR_ARG; /* a stale plan */
+    if (s && (s->len != b->len[i] || s->pos != b->pos[i] || (int)s->evict.kind != b->evict_kind[i] ||
+              b->n_q[i] > s->last_append))
+      return KVA_ERR_ARG;
   }
+  for (i = 0; i < b->n_seqs; i++)
+    if (!kva__seq_get(c, b->seq_id[i])) return KVA_ERR_SEQ;
   for (i = 0; i < b->n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
     kva__cache_view(c, s, layer, &b->views[i]);
@@ -3370,6 +3423,9 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
 
 #ifdef __cplusplus
 }
+#endif
+#ifdef KVA__POP_DIAGNOSTICS
+#pragma GCC diagnostic pop
 #endif
 
 #endif /* KVATTN_H */
