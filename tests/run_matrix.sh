@@ -417,6 +417,20 @@ s_example() {
         run "$BUILD/examples/$name"
 }
 
+# the bench builds warning-free and its quick summary runs with every check passing
+s_bench_smoke() {
+    local out
+    need_header || return 1
+    mkdir -p "$BUILD/bench"
+    x "$CC" -std=c99 -O2 -march=native -fopenmp -Wall -Wextra -Werror -pedantic -I. bench/kvattn_bench.c \
+        -o "$BUILD/bench/kvattn_bench" -lm || return 1
+    show "$BUILD/bench/kvattn_bench" --quick
+    out=$("$BUILD/bench/kvattn_bench" --quick 2>&1) || { echo "$out" | tail -20; return 1; }
+    echo "$out" | tail -5
+    grep -q 'all checks passed' <<<"$out" || { echo "*** no 'all checks passed' line"; return 1; }
+    x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null
+}
+
 # libFuzzer over cache operation sequences, briefly (make fuzz runs longer)
 s_fuzz() {
     local src=$1 name
@@ -583,6 +597,7 @@ fi
 for src in examples/*.c; do
     step "example-$(basename "$src" .c)" s_example "$src"
 done
+step bench-smoke s_bench_smoke
 for src in tests/fuzz_*.c; do
     if have "$CLANG" && printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; return (int)n * 0; }\n' |
         "$CLANG" -x c -fsanitize=fuzzer - -o "$GEN/fuzz_probe" >/dev/null 2>&1; then
