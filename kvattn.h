@@ -1533,7 +1533,10 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
-  int t, j0, j, rb, part, prefetch_next;
+  /* few rows (decode) stream the tile once: interleave the next tile's
+     prefetches; many rows reuse it from cache, and whole-tile kernel calls
+     keep their accumulators in registers longer */
+  int t, j0, j, rb, part, prefetch_next, parts = nrows <= 2 * KVA__NR ? KVA__PF_PARTS : 1;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -1575,9 +1578,9 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       continue;
     }
     all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
-    for (part = 0; part < KVA__PF_PARTS; part++) {
-      int a = part * nk / KVA__PF_PARTS, b = (part + 1) * nk / KVA__PF_PARTS;
-      int pa = part * nn / KVA__PF_PARTS, pb = (part + 1) * nn / KVA__PF_PARTS;
+    for (part = 0; part < parts; part++) {
+      int a = part * nk / parts, b = (part + 1) * nk / parts;
+      int pa = part * nn / parts, pb = (part + 1) * nn / parts;
       for (rb = 0; rb < nrows && b > a; rb += KVA__NR) {
         int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
         kva__dot_tile(w->kt, qr + rb, nr, krows + a, b - a, P->D, scores + rb * KVA__TILE + a, KVA__TILE, w->k_cs);
@@ -1604,17 +1607,16 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       if (mt > m[t]) {
         if (l[t] > 0.0f) {
           float alpha = expf(m[t] - mt);
-          int i;
-          for (i = 0; i < P->DV; i++) acc[t][i] *= alpha;
+          (void)kva__scale_max(acc[t], P->DV, alpha); /* the vector scale; its max goes unused */
           l[t] *= alpha;
         }
         m[t] = mt;
       }
       l[t] += kva__exp_sub_sum(s, nk, m[t]);
     }
-    for (part = 0; part < KVA__PF_PARTS; part++) {
-      int a = part * nk / KVA__PF_PARTS, b = (part + 1) * nk / KVA__PF_PARTS;
-      int pa = part * nn / KVA__PF_PARTS, pb = (part + 1) * nn / KVA__PF_PARTS;
+    for (part = 0; part < parts; part++) {
+      int a = part * nk / parts, b = (part + 1) * nk / parts;
+      int pa = part * nn / parts, pb = (part + 1) * nn / parts;
       for (rb = 0; rb < nrows && b > a; rb += KVA__NR) {
         int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
         kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE + a, KVA__TILE, vrows + a, b - a, P->DV,
