@@ -1717,6 +1717,27 @@ static inline int kva__threads(int n_threads) {
 #endif
 }
 
+/* Merge the S split results of one item (KV head g, rows row0 ..
+   row0 + nrows - 1): split s at parts + s * part_stride holds rows_cap
+   partial rows of DV, then their rows_cap lse values. */
+static inline void kva__merge_item(const kva__attn_params *P, int g, int row0, int nrows, const float *parts,
+                                   size_t part_stride, int rows_cap, int S, float *out, float *lse) {
+  int t, s;
+  for (t = 0; t < nrows; t++) {
+    int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
+    const float *part[KVA__MAXSPLIT];
+    float lses[KVA__MAXSPLIT], l_;
+    size_t o = (size_t)i * (size_t)P->H + (size_t)h;
+    for (s = 0; s < S; s++) {
+      const float *po = parts + (size_t)s * part_stride;
+      part[s] = po + (size_t)t * (size_t)P->DV;
+      lses[s] = po[(size_t)rows_cap * (size_t)P->DV + (size_t)t];
+    }
+    l_ = kva__merge_row(out + o * (size_t)P->DV, part, lses, S, P->DV);
+    if (lse) lse[o] = l_;
+  }
+}
+
 /* Split-K (flash-decoding): when a call has fewer (KV head, row chunk)
    items than KVA__SPLIT_TARGET, each item's key range is cut into splits of
    at least KVA__SPLIT_MIN keys that run as separate work units, and their
@@ -1773,20 +1794,9 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     if (nt > items) nt = items;
     KVA__OMP_FOR(nt)
     for (it = 0; it < items; it++) {
-      int c0 = it % chunks * KVA__MAXROWS, t, s;
-      for (t = 0; t < KVA__MAXROWS && c0 + t < rows; t++) {
-        int row = c0 + t, i = row / P->R, h = it / chunks * P->R + row % P->R;
-        const float *parts[KVA__MAXSPLIT];
-        float lses[KVA__MAXSPLIT], l_;
-        size_t o = (size_t)i * (size_t)P->H + (size_t)h;
-        for (s = 0; s < S; s++) {
-          const float *po = scratch + (size_t)(it * S + s) * part;
-          parts[s] = po + (size_t)t * (size_t)P->DV;
-          lses[s] = po[(size_t)item_rows * (size_t)P->DV + (size_t)t];
-        }
-        l_ = kva__merge_row(out + o * (size_t)P->DV, parts, lses, S, P->DV);
-        if (lse) lse[o] = l_;
-      }
+      int c0 = it % chunks * KVA__MAXROWS;
+      kva__merge_item(P, it / chunks, c0, rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS,
+                      scratch + (size_t)it * (size_t)S * part, part, item_rows, S, out, lse);
     }
     if (heap) KVATTN_FREE(heap);
     return;
@@ -3084,21 +3094,12 @@ KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const
   nt = kva__threads(b->n_threads);
   if (nt > b->n_merges) nt = b->n_merges;
   KVA__OMP_FOR(nt)
-  for (i = 0; i < b->n_merges; i++) {
+  for (i = 0; i < b->n_merges; i++) { /* a merge's parts are consecutive */
     const kva__unit *un = &b->units[b->merge_unit[i]];
-    int S = b->merge_splits[i], rows = b->n_q[un->seq] * P->R, t, k;
-    float *os = out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
-    for (t = 0; t < KVA__MAXROWS && un->row0 + t < rows; t++) {
-      int row = un->row0 + t, qi = row / P->R, h = un->g * P->R + row % P->R;
-      const float *parts[KVA__MAXSPLIT];
-      float lses[KVA__MAXSPLIT];
-      for (k = 0; k < S; k++) {
-        const float *po = b->parts + (size_t)un[k].part * part;
-        parts[k] = po + (size_t)t * (size_t)P->DV;
-        lses[k] = po[(size_t)KVA__MAXROWS * (size_t)P->DV + (size_t)t];
-      }
-      kva__merge_row(os + ((size_t)qi * (size_t)P->H + (size_t)h) * (size_t)P->DV, parts, lses, S, P->DV);
-    }
+    int rows = b->n_q[un->seq] * P->R;
+    kva__merge_item(P, un->g, un->row0, rows - un->row0 < KVA__MAXROWS ? rows - un->row0 : KVA__MAXROWS,
+                    b->parts + (size_t)un->part * part, part, KVA__MAXROWS, b->merge_splits[i],
+                    out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV, NULL);
   }
   return KVA_OK;
 }
