@@ -401,6 +401,13 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 #define KVA__STACK_SCRATCH 4096   /* floats: kva_attend's split-K partials on the stack */
 #define KVA__CACHE_SPLIT_ROWS 256 /* a cache's split-K partials: rows of v_dim + 1 floats */
 
+/* X(a, b) for a, b in 0..3: the SIMD kernels' 4 x 4 blocks of accumulators
+   are spelled out as named variables through it, so that they stay in
+   registers (compilers spill loops over arrays of vectors). */
+#define KVA__EACH_4X4(X) \
+  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
+  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+
 /* --- scalar row loaders --- */
 static inline float kva__load1_f32(const void *row, int i) { return ((const float *)row)[i]; }
 static inline float kva__load1_f16(const void *row, int i) { return kva_f16_to_f32(((const uint16_t *)row)[i]); }
@@ -550,11 +557,7 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* The value kernel's 4 rows x 4 vectors of accumulators, spelled out so
-   that they stay in registers (loops over arrays of vectors do not). */
-#define KVA__V256_EACH(X) \
-  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
-  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
 #define KVA__V256_INIT(r, c) __m256 a##r##c = nr > r && nv > c ? _mm256_loadu_ps(acc[r] + i + 8 * c) : z;
 #define KVA__V256_FMA(r, c) \
   if (nr > r && nv > c) a##r##c = _mm256_fmadd_ps(p##r, v##c, a##r##c);
@@ -610,7 +613,7 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
                                                      int i, const int nv) {                     \
     const __m256 z = _mm256_setzero_ps();                                                       \
     int j;                                                                                      \
-    KVA__V256_EACH(KVA__V256_INIT)                                                              \
+    KVA__EACH_4X4(KVA__V256_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
       __m256 v0 = KVA__AVX2_LOAD8_##dt(vr, i);                                                  \
@@ -621,9 +624,9 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
       __m256 p1 = nr > 1 ? _mm256_broadcast_ss(p + ldp + j) : z;                                \
       __m256 p2 = nr > 2 ? _mm256_broadcast_ss(p + 2 * ldp + j) : z;                            \
       __m256 p3 = nr > 3 ? _mm256_broadcast_ss(p + 3 * ldp + j) : z;                            \
-      KVA__V256_EACH(KVA__V256_FMA)                                                             \
+      KVA__EACH_4X4(KVA__V256_FMA)                                                             \
     }                                                                                           \
-    KVA__V256_EACH(KVA__V256_STORE)                                                             \
+    KVA__EACH_4X4(KVA__V256_STORE)                                                             \
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
@@ -810,11 +813,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
   return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
-/* The value kernel's 4 rows x 4 vectors of accumulators, spelled out so
-   that they stay in registers (loops over arrays of vectors do not). */
-#define KVA__V512_EACH(X) \
-  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
-  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
 #define KVA__V512_INIT(r, c) \
   __m512 a##r##c = nr > r && nv > c ? _mm512_maskz_loadu_ps(m##c, acc[r] + i + 16 * c) : z;
 #define KVA__V512_FMA(r, c) \
@@ -825,9 +824,6 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
 /* Scores: four keys per step against up to four query rows: 16 independent
    FMA chains, and each loaded q vector serves four keys (with one key per
    step, q loads outnumber the FMAs). Accumulator s<row><key>. */
-#define KVA__D512_EACH(X) \
-  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
-  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
 #define KVA__D512_INIT(r, k) __m512 s##r##k = z;
 #define KVA__D512_FMA(r, k) \
   if (nr > r) s##r##k = _mm512_fmadd_ps(qv##r, x##k, s##r##k);
@@ -840,7 +836,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     __m512 qv1 = nr > 1 ? _mm512_maskz_loadu_ps(m, q1 + i) : z;                                 \
     __m512 qv2 = nr > 2 ? _mm512_maskz_loadu_ps(m, q2 + i) : z;                                 \
     __m512 qv3 = nr > 3 ? _mm512_maskz_loadu_ps(m, q3 + i) : z;                                 \
-    KVA__D512_EACH(KVA__D512_FMA)                                                               \
+    KVA__EACH_4X4(KVA__D512_FMA)                                                               \
   }
 /* row sums of key k's four accumulators, scaled, into the scores */
 #define KVA__DOT512_OUT(dt, k, krow)                                                            \
@@ -865,7 +861,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     for (j = 0; j < nk; j += 4) { /* past the end, k1..k3 repeat the last key; not stored */    \
       const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
       const void *k2 = krows[j + 2 < nk ? j + 2 : j], *k3 = krows[j + 3 < nk ? j + 3 : j];      \
-      KVA__D512_EACH(KVA__D512_INIT)                                                            \
+      KVA__EACH_4X4(KVA__D512_INIT)                                                            \
       for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP(dt, (__mmask16)0xffff)                  \
       if (i < d) KVA__DOT512_STEP(dt, kva__mask16(i, d))                                        \
       KVA__DOT512_OUT(dt, 0, k0)                                                                \
@@ -891,7 +887,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);                      \
     const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);                 \
     int j;                                                                                      \
-    KVA__V512_EACH(KVA__V512_INIT)                                                              \
+    KVA__EACH_4X4(KVA__V512_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
       __m512 v0 = KVA__AVX512_LOAD16_##dt(vr, i, m0);                                           \
@@ -902,9 +898,9 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
       __m512 p1 = nr > 1 ? _mm512_set1_ps(p[ldp + j]) : z;                                      \
       __m512 p2 = nr > 2 ? _mm512_set1_ps(p[2 * ldp + j]) : z;                                  \
       __m512 p3 = nr > 3 ? _mm512_set1_ps(p[3 * ldp + j]) : z;                                  \
-      KVA__V512_EACH(KVA__V512_FMA)                                                             \
+      KVA__EACH_4X4(KVA__V512_FMA)                                                             \
     }                                                                                           \
-    KVA__V512_EACH(KVA__V512_STORE)                                                             \
+    KVA__EACH_4X4(KVA__V512_STORE)                                                             \
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx512_nr(float *const *acc, const int nr,        \
                                                          const float *p, int ldp,               \
@@ -1019,11 +1015,8 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
 #define KVA__NEON_LOAD4_e5m2(row, i) kva__neon_load4_e5m2((row), (i))
 #define KVA__NEON_LOAD4_e4m3(row, i) kva__neon_load4_e4m3((row), (i))
 
-/* The value kernel's 4 rows x 4 vectors of accumulators in named registers
-   (32 NEON registers hold them, the values and the scalars). */
-#define KVA__V128_EACH(X) \
-  X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
-  X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4); 32 NEON
+   registers hold them, the values and the scalars */
 #define KVA__V128_INIT(r, c) float32x4_t a##r##c = nr > r && nv > c ? vld1q_f32(acc[r] + i + 4 * c) : z;
 #define KVA__V128_FMA(r, c) \
   if (nr > r && nv > c) a##r##c = vfmaq_n_f32(a##r##c, v##c, p##r);
@@ -1077,7 +1070,7 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
                                                      int i, const int nv) {                     \
     const float32x4_t z = vdupq_n_f32(0.0f);                                                    \
     int j;                                                                                      \
-    KVA__V128_EACH(KVA__V128_INIT)                                                              \
+    KVA__EACH_4X4(KVA__V128_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
       float32x4_t v0 = KVA__NEON_LOAD4_##dt(vr, i);                                             \
@@ -1086,9 +1079,9 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
       float32x4_t v3 = nv > 3 ? KVA__NEON_LOAD4_##dt(vr, i + 12) : z;                          \
       float p0 = p[j], p1 = nr > 1 ? p[ldp + j] : 0.0f;                                         \
       float p2 = nr > 2 ? p[2 * ldp + j] : 0.0f, p3 = nr > 3 ? p[3 * ldp + j] : 0.0f;           \
-      KVA__V128_EACH(KVA__V128_FMA)                                                             \
+      KVA__EACH_4X4(KVA__V128_FMA)                                                             \
     }                                                                                           \
-    KVA__V128_EACH(KVA__V128_STORE)                                                             \
+    KVA__EACH_4X4(KVA__V128_STORE)                                                             \
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
