@@ -1508,6 +1508,30 @@ static inline int kva__visible(const kva__attn_params *P, int32_t qp, int32_t kp
   return (int64_t)qp - (int64_t)kp < (int64_t)P->window;
 }
 
+/* Whether every key of a tile (positions kmin..kmax) is visible to every
+   row (positions qmin..qmax): then the per-key mask can be skipped. */
+static inline int kva__tile_all_visible(const kva__attn_params *P, int32_t qmin, int32_t qmax, int32_t kmin,
+                                        int32_t kmax) {
+  return kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
+}
+
+/* One row's raw scores s[0..nk) become logits (scaled, soft-capped, -inf
+   where masked) in place; returns their maximum. */
+static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int all_visible, int32_t qp,
+                                const int32_t *kpos) {
+  float mt = -INFINITY;
+  int j;
+  if (all_visible && P->softcap <= 0.0f) return kva__scale_max(s, nk, P->scale);
+  for (j = 0; j < nk; j++) {
+    float x = s[j] * P->scale;
+    if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
+    if (!all_visible && !kva__visible(P, qp, kpos[j])) x = -INFINITY;
+    s[j] = x;
+    if (x > mt) mt = x;
+  }
+  return mt;
+}
+
 /* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
    over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
    with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
@@ -1570,7 +1594,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       }
       continue;
     }
-    all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
+    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
     for (part = 0; part < parts; part++) {
       int a = part * nk / parts, b = (part + 1) * nk / parts;
       int pa = part * nn / parts, pb = (part + 1) * nn / parts;
@@ -1581,18 +1605,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       if (prefetch_next) kva__prefetch_rows(krows_buf[!cb] + pa, pb - pa, kbytes);
     }
     for (t = 0; t < nrows; t++) {
-      float *s = scores + t * KVA__TILE, mt = -INFINITY;
-      if (all_visible && P->softcap <= 0.0f) {
-        mt = kva__scale_max(s, nk, P->scale);
-      } else {
-        for (j = 0; j < nk; j++) {
-          float x = s[j] * P->scale;
-          if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
-          if (!all_visible && !kva__visible(P, qp[t], kpos[j])) x = -INFINITY;
-          s[j] = x;
-          if (x > mt) mt = x;
-        }
-      }
+      float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos);
       if (mt == -INFINITY) { /* nothing visible in this tile for this row */
         memset(s, 0, (size_t)nk * sizeof(float));
         continue;
@@ -1632,20 +1645,12 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       }
       { /* each row's final probabilities (vector exp), summed per key in row order */
         float colsum[KVA__TILE];
-        int all_visible = kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
+        int all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
         memset(colsum, 0, sizeof colsum);
         for (t = 0; t < nrows; t++) {
           float *s = scores + t * KVA__TILE, inv;
           if (l[t] <= 0.0f) continue;
-          if (all_visible && P->softcap <= 0.0f) {
-            (void)kva__scale_max(s, nk, P->scale);
-          } else {
-            for (j = 0; j < nk; j++) {
-              float x = s[j] * P->scale;
-              if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
-              s[j] = all_visible || kva__visible(P, qp[t], kpos[j]) ? x : -INFINITY;
-            }
-          }
+          (void)kva__logits(P, s, nk, all_visible, qp[t], kpos);
           (void)kva__exp_sub_sum(s, nk, m[t]);
           inv = 1.0f / l[t];
           for (j = 0; j < nk; j++) colsum[j] += s[j] * inv;
@@ -2931,6 +2936,40 @@ KVA_API void kva_batch_free(kva_batch *b) {
   if (b) KVATTN_FREE(b);
 }
 
+/* Sequence i's work units (and split parts and merges) from *u, *pi, *mi
+   on; with b NULL, only the counters advance (the plan's sizing pass). */
+static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const kva__seq *s, int i, int n_q,
+                                 int items_total, int *u, int *pi, int *mi) {
+  int chunks = (n_q * P->R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = s->evict.kind == KVA_EVICT_H2O, g, ch, k;
+  int S = kva__kv_splits(items_total, s->len, h2o);
+  for (g = 0; g < P->G && chunks > 0; g++) {
+    if (h2o) { /* one unit per KV head: its chunks add to the same key scores */
+      kva__unit un = {0, 0, 0, 0, 0, 0, -1};
+      un.seq = i; un.g = g; un.n_chunks = chunks; un.kv1 = s->len;
+      if (b) b->units[*u] = un;
+      ++*u;
+      continue;
+    }
+    for (ch = 0; ch < chunks; ch++) {
+      if (S > 1) {
+        if (b) {
+          b->merge_unit[*mi] = *u;
+          b->merge_splits[*mi] = S;
+        }
+        ++*mi;
+      }
+      for (k = 0; k < S; k++) {
+        kva__unit un = {0, 0, 0, 1, 0, 0, -1};
+        un.seq = i; un.g = g; un.row0 = ch * KVA__MAXROWS;
+        kva__split_range(s->len, S, k, &un.kv0, &un.kv1);
+        if (S > 1) un.part = (*pi)++;
+        if (b) b->units[*u] = un;
+        ++*u;
+      }
+    }
+  }
+}
+
 KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
                                   kva_batch **plan) {
   kva__attn_params P;
@@ -2954,21 +2993,8 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
     items_total += s->evict.kind == KVA_EVICT_H2O ? (chunks > 0 ? P.G : 0) : P.G * chunks;
   }
-  for (i = 0; i < n_seqs; i++) { /* count units and split parts */
-    const kva__seq *s = kva__seq_get(c, seqs[i]);
-    int chunks = (n_q[i] * P.R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = s->evict.kind == KVA_EVICT_H2O;
-    int S = kva__kv_splits(items_total, s->len, h2o);
-    if (chunks == 0) continue;
-    if (h2o) {
-      n_units += P.G;
-    } else {
-      n_units += P.G * chunks * S;
-      if (S > 1) {
-        n_parts += P.G * chunks * S;
-        n_merges += P.G * chunks;
-      }
-    }
-  }
+  for (i = 0; i < n_seqs; i++) /* count units, split parts and merges */
+    kva__plan_seq(NULL, &P, kva__seq_get(c, seqs[i]), i, n_q[i], items_total, &n_units, &n_parts, &n_merges);
   part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
   bytes = sizeof(kva_batch) + (size_t)n_seqs * (6 * sizeof(int) + sizeof(kva__kv_view)) +
           (size_t)n_merges * 2 * sizeof(int) + (size_t)n_units * sizeof(kva__unit) + 64 +
@@ -3002,8 +3028,6 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
   rows_total = 0;
   for (i = 0; i < n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, seqs[i]);
-    int rows = n_q[i] * P.R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS, g, ch, k;
-    int h2o = s->evict.kind == KVA_EVICT_H2O, S = kva__kv_splits(items_total, s->len, h2o);
     b->seq_id[i] = seqs[i];
     b->n_q[i] = n_q[i];
     b->len[i] = s->len;
@@ -3011,28 +3035,7 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
     b->evict_kind[i] = (int)s->evict.kind;
     b->q_row[i] = rows_total;
     rows_total += n_q[i];
-    if (chunks == 0) continue;
-    for (g = 0; g < P.G; g++) {
-      if (h2o) { /* one unit per KV head: its chunks add to the same key scores */
-        kva__unit un = {0, 0, 0, 0, 0, 0, -1};
-        un.seq = i; un.g = g; un.n_chunks = chunks; un.kv1 = s->len;
-        b->units[u++] = un;
-        continue;
-      }
-      for (ch = 0; ch < chunks; ch++) {
-        if (S > 1) {
-          b->merge_unit[mi] = u;
-          b->merge_splits[mi++] = S;
-        }
-        for (k = 0; k < S; k++) {
-          kva__unit un = {0, 0, 0, 1, 0, 0, -1};
-          un.seq = i; un.g = g; un.row0 = ch * KVA__MAXROWS;
-          kva__split_range(s->len, S, k, &un.kv0, &un.kv1);
-          if (S > 1) un.part = pi++;
-          b->units[u++] = un;
-        }
-      }
-    }
+    kva__plan_seq(b, &P, s, i, n_q[i], items_total, &u, &pi, &mi);
   }
   KVATTN_ASSERT(u == n_units && pi == n_parts && mi == n_merges);
   *plan = b;

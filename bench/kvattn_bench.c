@@ -653,47 +653,32 @@ static void flush_caches(void) {
 
 /* FP32 FMA peak: independent accumulators in registers, 2 flop per FMA lane. */
 #define FMA_ACC 12
-#if defined(__AVX512F__)
-static double fma_loop_avx512(long iters) {
-  __m512 a[FMA_ACC];
-  const __m512 m = _mm512_set1_ps(0.99999994f), c = _mm512_set1_ps(1e-7f);
-  long i;
-  int k;
-  for (k = 0; k < FMA_ACC; k++) a[k] = _mm512_set1_ps(1.0f + (float)k * 1e-3f);
-  for (i = 0; i < iters; i++) {
-    a[0] = _mm512_fmadd_ps(a[0], m, c); a[1] = _mm512_fmadd_ps(a[1], m, c);
-    a[2] = _mm512_fmadd_ps(a[2], m, c); a[3] = _mm512_fmadd_ps(a[3], m, c);
-    a[4] = _mm512_fmadd_ps(a[4], m, c); a[5] = _mm512_fmadd_ps(a[5], m, c);
-    a[6] = _mm512_fmadd_ps(a[6], m, c); a[7] = _mm512_fmadd_ps(a[7], m, c);
-    a[8] = _mm512_fmadd_ps(a[8], m, c); a[9] = _mm512_fmadd_ps(a[9], m, c);
-    a[10] = _mm512_fmadd_ps(a[10], m, c); a[11] = _mm512_fmadd_ps(a[11], m, c);
+/* FMA_LOOP(name, vector type, lanes, set1, fmadd, add): FMA_ACC independent
+   accumulators; the sum of lane 0 of the result goes to g_sink */
+#define FMA_LOOP(name, V, LANES, SET1, FMADD, ADD)                                      \
+  static double name(long iters) {                                                   \
+    V a[FMA_ACC];                                                                     \
+    const V m = SET1(0.99999994f), c = SET1(1e-7f);                                  \
+    float t[LANES];                                                                   \
+    long i;                                                                           \
+    int k;                                                                            \
+    for (k = 0; k < FMA_ACC; k++) a[k] = SET1(1.0f + (float)k * 1e-3f);              \
+    for (i = 0; i < iters; i++) {                                                     \
+      a[0] = FMADD(a[0], m, c); a[1] = FMADD(a[1], m, c); a[2] = FMADD(a[2], m, c);   \
+      a[3] = FMADD(a[3], m, c); a[4] = FMADD(a[4], m, c); a[5] = FMADD(a[5], m, c);   \
+      a[6] = FMADD(a[6], m, c); a[7] = FMADD(a[7], m, c); a[8] = FMADD(a[8], m, c);   \
+      a[9] = FMADD(a[9], m, c); a[10] = FMADD(a[10], m, c); a[11] = FMADD(a[11], m, c); \
+    }                                                                                 \
+    for (k = 1; k < FMA_ACC; k++) a[0] = ADD(a[0], a[k]);                             \
+    memcpy(t, &a[0], sizeof t);                                                       \
+    g_sink = t[0] + t[LANES - 1];                                                     \
+    return (double)iters * FMA_ACC * LANES * 2;                                       \
   }
-  for (k = 1; k < FMA_ACC; k++) a[0] = _mm512_add_ps(a[0], a[k]);
-  g_sink = _mm512_reduce_add_ps(a[0]);
-  return (double)iters * FMA_ACC * 16 * 2;
-}
+#if defined(__AVX512F__)
+FMA_LOOP(fma_loop_avx512, __m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps)
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-static double fma_loop_avx2(long iters) {
-  __m256 a[FMA_ACC];
-  const __m256 m = _mm256_set1_ps(0.99999994f), c = _mm256_set1_ps(1e-7f);
-  float t[8];
-  long i;
-  int k;
-  for (k = 0; k < FMA_ACC; k++) a[k] = _mm256_set1_ps(1.0f + (float)k * 1e-3f);
-  for (i = 0; i < iters; i++) {
-    a[0] = _mm256_fmadd_ps(a[0], m, c); a[1] = _mm256_fmadd_ps(a[1], m, c);
-    a[2] = _mm256_fmadd_ps(a[2], m, c); a[3] = _mm256_fmadd_ps(a[3], m, c);
-    a[4] = _mm256_fmadd_ps(a[4], m, c); a[5] = _mm256_fmadd_ps(a[5], m, c);
-    a[6] = _mm256_fmadd_ps(a[6], m, c); a[7] = _mm256_fmadd_ps(a[7], m, c);
-    a[8] = _mm256_fmadd_ps(a[8], m, c); a[9] = _mm256_fmadd_ps(a[9], m, c);
-    a[10] = _mm256_fmadd_ps(a[10], m, c); a[11] = _mm256_fmadd_ps(a[11], m, c);
-  }
-  for (k = 1; k < FMA_ACC; k++) a[0] = _mm256_add_ps(a[0], a[k]);
-  _mm256_storeu_ps(t, a[0]);
-  g_sink = t[0] + t[7];
-  return (double)iters * FMA_ACC * 8 * 2;
-}
+FMA_LOOP(fma_loop_avx2, __m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps)
 #endif
 /* scalar: multiply and add (2 flop); with -std=c99 GCC does not contract them */
 static double fma_loop_scalar(long iters) {
