@@ -394,7 +394,6 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 #define KVA__TILE 64     /* keys per tile: a tile's K and V stay in L1/L2 */
 #define KVA__MAXROWS 64  /* query rows (query x head) handled per pass */
 #define KVA__NR 4        /* query rows per register block */
-#define KVA__PF_PARTS 8       /* a tile's kernel calls (and the next tile's prefetches) in parts */
 #define KVA__SPLIT_MIN 1024   /* split-K: fewest keys per split */
 #define KVA__SPLIT_TARGET 8   /* split-K: work units a call aims for */
 #define KVA__MAXSPLIT 16
@@ -442,16 +441,32 @@ static inline float kva__rowscale_i8(const void *row, int d, float cs) {
 static inline float kva__rowscale_e4m3(const void *row, int d, float cs) { (void)row; (void)d; return cs * 256.0f; }
 static inline float kva__rowscale_e5m2(const void *row, int d, float cs) { (void)row; (void)d; return cs; }
 
+/* The rows of the next tile, prefetched by a kernel as it walks this one:
+   one row per key step keeps a steady stream of misses in flight (issued
+   in one burst, they fill the miss queue and stall the loads that compute).
+   Every tile but the last is full, so the next tile never has more rows. */
+typedef struct {
+  const void *const *rows;
+  int n;
+  size_t bytes; /* of one row */
+} kva__ahead;
+KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
+  size_t off;
+  if (ahead && j < ahead->n)
+    for (off = 0; off < ahead->bytes; off += 64) KVA__PREFETCH((const char *)ahead->rows[j] + off);
+}
+
 /* dot_tile: scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no softmax scale).
    vacc_tile: acc_r += sum_j p[r*ldp + j] * v_j.
    A quantized row's scale multiplies the finished dot product and the
-   probability, never each element. */
+   probability, never each element. Both prefetch `ahead` as they go. */
 #define KVA__DEFINE_SCALAR_KERNELS(dt)                                                          \
   static inline void kva__dot_tile_##dt##_scalar(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds, float cs) { \
+                                                  int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
     int r, j, i;                                                                                \
     for (j = 0; j < nk; j++) {                                                                  \
       float ks = kva__rowscale_##dt(krows[j], d, cs);                                           \
+      kva__prefetch_ahead(ahead, j);                                                            \
       for (r = 0; r < nr; r++) {                                                                \
         float s = 0.0f;                                                                         \
         for (i = 0; i < d; i++) s += q[r][i] * kva__load1_##dt(krows[j], i);                    \
@@ -460,10 +475,11 @@ static inline float kva__rowscale_e5m2(const void *row, int d, float cs) { (void
     }                                                                                           \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_scalar(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv, float cs) { \
+                                                   const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     int r, j, i;                                                                                \
     for (j = 0; j < nk; j++) {                                                                  \
       float vs = kva__rowscale_##dt(vrows[j], dv, cs);                                          \
+      kva__prefetch_ahead(ahead, j);                                                            \
       for (r = 0; r < nr; r++) {                                                                \
         float pj = KVA__SCALED_##dt ? p[r * ldp + j] * vs : p[r * ldp + j];                     \
         if (pj == 0.0f) continue;                                                               \
@@ -569,11 +585,12 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
 #define KVA__DEFINE_AVX2_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx2_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds, float cs) {       \
+                                                      float *scores, int lds, float cs, const kva__ahead *ahead) {       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *k = krows[j];                                                                 \
+      kva__prefetch_ahead(ahead, j);                                                            \
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
       float KVA__ALIGN(16) s[4];                                                                \
       for (i = 0; i + 8 <= d; i += 8) {                                                         \
@@ -599,23 +616,24 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx2(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds, float cs) { \
+                                                int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
     switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds, cs); break;             \
-      case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds, cs); break;             \
-      case 3: kva__dot_tile_##dt##_avx2_nr(q, 3, krows, nk, d, scores, lds, cs); break;             \
-      default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds, cs); break;            \
+      case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;             \
+      case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;             \
+      case 3: kva__dot_tile_##dt##_avx2_nr(q, 3, krows, nk, d, scores, lds, cs, ahead); break;             \
+      default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds, cs, ahead); break;            \
     }                                                                                           \
   }                                                                                             \
   /* one strip of nv (<= 4) vectors of 8 columns from column i, nr rows */                    \
   KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx2(float *const *acc, const int nr, const float *p, \
                                                      int ldp, const void *const *vrows, int nk,  \
-                                                     int i, const int nv) {                     \
+                                                     int i, const int nv, const kva__ahead *ahead) {                     \
     const __m256 z = _mm256_setzero_ps();                                                       \
     int j;                                                                                      \
     KVA__EACH_4X4(KVA__V256_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
+      kva__prefetch_ahead(ahead, j);                                                            \
       __m256 v0 = KVA__AVX2_LOAD8_##dt(vr, i);                                                  \
       __m256 v1 = nv > 1 ? KVA__AVX2_LOAD8_##dt(vr, i + 8) : z;                                 \
       __m256 v2 = nv > 2 ? KVA__AVX2_LOAD8_##dt(vr, i + 16) : z;                                \
@@ -630,14 +648,15 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv, float cs) { \
+                                                       const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     int i, j, r;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
     /* 16 ymm registers: strips of 2 vectors (8 accumulators, 2 values, 4 broadcasts) */      \
-    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 2); \
+    for (i = 0; i + 16 <= dv; i += 16, ahead = NULL)                                            \
+      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 2, ahead);                     \
     if (dv - i >= 8) {                                                                          \
-      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 1);                            \
+      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 1, ahead);                     \
       i += 8;                                                                                   \
     }                                                                                           \
     for (; i < dv; i++)                                                                         \
@@ -647,12 +666,12 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
       }                                                                                         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_avx2(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv, float cs) { \
+                                                 const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
-      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
-      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
-      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
+      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv, cs, ahead); break;              \
+      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv, cs, ahead); break;              \
+      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv, cs, ahead); break;              \
+      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv, cs, ahead); break;             \
     }                                                                                           \
   }
 KVA__DEFINE_AVX2_KERNELS(f32)
@@ -805,6 +824,14 @@ KVA__FORCEINLINE __m512 kva__avx512_load16_e4m3(const void *row, int i, __mmask1
 }
 #define KVA__AVX512_LOAD16_e4m3(row, i, m) kva__avx512_load16_e4m3((row), (i), (m))
 
+/* Without this, gcc folds each q load into all four FMAs that use it as a
+   memory operand: four loads where one does, and the loads bound the kernel. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVA__IN_REGISTERS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d));
+#else
+#define KVA__IN_REGISTERS(a, b, c, d)
+#endif
+
 /* lanes i .. min(i+16, n)-1 */
 KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
   return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
@@ -836,6 +863,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     __m512 qv1 = nr > 1 ? _mm512_maskz_loadu_ps(m, q1 + i) : z;                                 \
     __m512 qv2 = nr > 2 ? _mm512_maskz_loadu_ps(m, q2 + i) : z;                                 \
     __m512 qv3 = nr > 3 ? _mm512_maskz_loadu_ps(m, q3 + i) : z;                                 \
+    KVA__IN_REGISTERS(qv0, qv1, qv2, qv3)                                                      \
     KVA__EACH_4X4(KVA__D512_FMA)                                                               \
   }
 /* row sums of key k's four accumulators, scaled, into the scores */
@@ -854,7 +882,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
 #define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx512_nr(const float *const *q, const int nr,     \
                                                         const void *const *krows, int nk, int d, \
-                                                        float *scores, int lds, float cs) {     \
+                                                        float *scores, int lds, float cs, const kva__ahead *ahead) {     \
     const __m512 z = _mm512_setzero_ps();                                                       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
@@ -862,6 +890,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
       const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
       const void *k2 = krows[j + 2 < nk ? j + 2 : j], *k3 = krows[j + 3 < nk ? j + 3 : j];      \
       KVA__EACH_4X4(KVA__D512_INIT)                                                            \
+      for (r = 0; r < 4; r++) kva__prefetch_ahead(ahead, j + r);                                \
       for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP(dt, (__mmask16)0xffff)                  \
       if (i < d) KVA__DOT512_STEP(dt, kva__mask16(i, d))                                        \
       KVA__DOT512_OUT(dt, 0, k0)                                                                \
@@ -871,18 +900,18 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx512(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds, float cs) { \
+                                                  int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
     switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_avx512_nr(q, 1, krows, nk, d, scores, lds, cs); break;           \
-      case 2: kva__dot_tile_##dt##_avx512_nr(q, 2, krows, nk, d, scores, lds, cs); break;           \
-      case 3: kva__dot_tile_##dt##_avx512_nr(q, 3, krows, nk, d, scores, lds, cs); break;           \
-      default: kva__dot_tile_##dt##_avx512_nr(q, 4, krows, nk, d, scores, lds, cs); break;          \
+      case 1: kva__dot_tile_##dt##_avx512_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;           \
+      case 2: kva__dot_tile_##dt##_avx512_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;           \
+      case 3: kva__dot_tile_##dt##_avx512_nr(q, 3, krows, nk, d, scores, lds, cs, ahead); break;           \
+      default: kva__dot_tile_##dt##_avx512_nr(q, 4, krows, nk, d, scores, lds, cs, ahead); break;          \
     }                                                                                           \
   }                                                                                             \
   /* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows: 16 accumulators */  \
   KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx512(float *const *acc, const int nr, const float *p, \
                                                        int ldp, const void *const *vrows, int nk, \
-                                                       int i, const int nv, int dv) {           \
+                                                       int i, const int nv, int dv, const kva__ahead *ahead) {           \
     const __m512 z = _mm512_setzero_ps();                                                       \
     const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);                      \
     const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);                 \
@@ -890,6 +919,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     KVA__EACH_4X4(KVA__V512_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
+      kva__prefetch_ahead(ahead, j);                                                            \
       __m512 v0 = KVA__AVX512_LOAD16_##dt(vr, i, m0);                                           \
       __m512 v1 = nv > 1 ? KVA__AVX512_LOAD16_##dt(vr, i + 16, m1) : z;                         \
       __m512 v2 = nv > 2 ? KVA__AVX512_LOAD16_##dt(vr, i + 32, m2) : z;                         \
@@ -904,24 +934,25 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx512_nr(float *const *acc, const int nr,        \
                                                          const float *p, int ldp,               \
-                                                         const void *const *vrows, int nk, int dv, float cs) { \
+                                                         const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     int i, rest;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 64 <= dv; i += 64) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv); \
+    for (i = 0; i + 64 <= dv; i += 64, ahead = NULL)                                            \
+      kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv, ahead);               \
     rest = (dv - i + 15) / 16; /* vectors left, the last one masked */                          \
-    if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv);         \
-    if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv);         \
-    if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv);         \
-    if (rest == 4) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv);         \
+    if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv, ahead);  \
+    if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv, ahead);  \
+    if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv, ahead);  \
+    if (rest == 4) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv, ahead);  \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_avx512(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv, float cs) { \
+                                                   const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx512_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;            \
-      case 2: kva__vacc_tile_##dt##_avx512_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;            \
-      case 3: kva__vacc_tile_##dt##_avx512_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;            \
-      default: kva__vacc_tile_##dt##_avx512_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;           \
+      case 1: kva__vacc_tile_##dt##_avx512_nr(acc, 1, p, ldp, vrows, nk, dv, cs, ahead); break;            \
+      case 2: kva__vacc_tile_##dt##_avx512_nr(acc, 2, p, ldp, vrows, nk, dv, cs, ahead); break;            \
+      case 3: kva__vacc_tile_##dt##_avx512_nr(acc, 3, p, ldp, vrows, nk, dv, cs, ahead); break;            \
+      default: kva__vacc_tile_##dt##_avx512_nr(acc, 4, p, ldp, vrows, nk, dv, cs, ahead); break;           \
     }                                                                                           \
   }
 KVA__DEFINE_AVX512_KERNELS(f32)
@@ -1026,11 +1057,12 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
 #define KVA__DEFINE_NEON_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_neon_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds, float cs) {       \
+                                                      float *scores, int lds, float cs, const kva__ahead *ahead) {       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *k = krows[j];                                                                 \
+      kva__prefetch_ahead(ahead, j);                                                            \
       float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;                            \
       float s[4];                                                                               \
       for (i = 0; i + 4 <= d; i += 4) {                                                         \
@@ -1056,23 +1088,24 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_neon(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds, float cs) { \
+                                                int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
     switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds, cs); break;             \
-      case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds, cs); break;             \
-      case 3: kva__dot_tile_##dt##_neon_nr(q, 3, krows, nk, d, scores, lds, cs); break;             \
-      default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds, cs); break;            \
+      case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;             \
+      case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;             \
+      case 3: kva__dot_tile_##dt##_neon_nr(q, 3, krows, nk, d, scores, lds, cs, ahead); break;             \
+      default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds, cs, ahead); break;            \
     }                                                                                           \
   }                                                                                             \
   /* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows: 16 accumulators */   \
   KVA__FORCEINLINE void kva__vacc_strip_##dt##_neon(float *const *acc, const int nr, const float *p, \
                                                      int ldp, const void *const *vrows, int nk,  \
-                                                     int i, const int nv) {                     \
+                                                     int i, const int nv, const kva__ahead *ahead) {                     \
     const float32x4_t z = vdupq_n_f32(0.0f);                                                    \
     int j;                                                                                      \
     KVA__EACH_4X4(KVA__V128_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
+      kva__prefetch_ahead(ahead, j);                                                            \
       float32x4_t v0 = KVA__NEON_LOAD4_##dt(vr, i);                                             \
       float32x4_t v1 = nv > 1 ? KVA__NEON_LOAD4_##dt(vr, i + 4) : z;                           \
       float32x4_t v2 = nv > 2 ? KVA__NEON_LOAD4_##dt(vr, i + 8) : z;                           \
@@ -1085,19 +1118,20 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv, float cs) { \
+                                                       const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     int j, i, r;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 4); \
+    for (i = 0; i + 16 <= dv; i += 16, ahead = NULL)                                            \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 4, ahead);                     \
     if (dv - i >= 12) {                                                                         \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 3);                            \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 3, ahead);                     \
       i += 12;                                                                                  \
     } else if (dv - i >= 8) {                                                                   \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 2);                            \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 2, ahead);                     \
       i += 8;                                                                                   \
     } else if (dv - i >= 4) {                                                                   \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 1);                            \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 1, ahead);                     \
       i += 4;                                                                                   \
     }                                                                                           \
     for (; i < dv; i++)                                                                         \
@@ -1107,12 +1141,12 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
       }                                                                                         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_neon(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv, float cs) { \
+                                                 const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
-      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
-      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
-      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
+      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv, cs, ahead); break;              \
+      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv, cs, ahead); break;              \
+      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv, cs, ahead); break;              \
+      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv, cs, ahead); break;             \
     }                                                                                           \
   }
 KVA__DEFINE_NEON_KERNELS(f32)
@@ -1235,27 +1269,27 @@ static inline void kva__fp8_encode_neon(uint8_t *dst, const float *src, size_t n
 
 /* Dispatch on the storage type once per tile. cs: the FP8 tensor scale. */
 static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
-                                 int d, float *scores, int lds, float cs) {
+                                 int d, float *scores, int lds, float cs, const kva__ahead *ahead) {
   switch (t) {
-    case KVA_F32: KVA__SEL(kva__dot_tile_f32_)(q, nr, krows, nk, d, scores, lds, cs); break;
-    case KVA_F16: KVA__SEL(kva__dot_tile_f16_)(q, nr, krows, nk, d, scores, lds, cs); break;
-    case KVA_BF16: KVA__SEL(kva__dot_tile_bf16_)(q, nr, krows, nk, d, scores, lds, cs); break;
-    case KVA_INT8: KVA__SEL(kva__dot_tile_i8_)(q, nr, krows, nk, d, scores, lds, cs); break;
-    case KVA_FP8_E4M3: KVA__SEL(kva__dot_tile_e4m3_)(q, nr, krows, nk, d, scores, lds, cs); break;
-    case KVA_FP8_E5M2: KVA__SEL(kva__dot_tile_e5m2_)(q, nr, krows, nk, d, scores, lds, cs); break;
+    case KVA_F32: KVA__SEL(kva__dot_tile_f32_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
+    case KVA_F16: KVA__SEL(kva__dot_tile_f16_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
+    case KVA_BF16: KVA__SEL(kva__dot_tile_bf16_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
+    case KVA_INT8: KVA__SEL(kva__dot_tile_i8_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
+    case KVA_FP8_E4M3: KVA__SEL(kva__dot_tile_e4m3_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
+    case KVA_FP8_E5M2: KVA__SEL(kva__dot_tile_e5m2_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
 
 static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
-                                  const void *const *vrows, int nk, int dv, float cs) {
+                                  const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) {
   switch (t) {
-    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_INT8: KVA__SEL(kva__vacc_tile_i8_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_FP8_E4M3: KVA__SEL(kva__vacc_tile_e4m3_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_FP8_E5M2: KVA__SEL(kva__vacc_tile_e5m2_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
+    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
+    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
+    case KVA_INT8: KVA__SEL(kva__vacc_tile_i8_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
+    case KVA_FP8_E4M3: KVA__SEL(kva__vacc_tile_e4m3_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
+    case KVA_FP8_E5M2: KVA__SEL(kva__vacc_tile_e5m2_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1550,10 +1584,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
-  /* few rows (decode) stream the tile once: interleave the next tile's
-     prefetches; many rows reuse it from cache, and whole-tile kernel calls
-     keep their accumulators in registers longer */
-  int t, j0, j, rb, part, prefetch_next, parts = nrows <= 2 * KVA__NR ? KVA__PF_PARTS : 1;
+  kva__ahead next_k, next_v; /* the next tile, prefetched by the first row block's kernels */
+  int t, j0, j, rb, prefetch_next;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -1578,9 +1610,6 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     kmin = kmin_buf[cb];
     kmax = kmax_buf[cb];
     if (j0 == 0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes);
-    /* The next tile's rows load while this one computes, its prefetches
-       issued a quarter at a time between the kernel calls: issued in one
-       burst they fill the miss queue and stall until most lines arrive. */
     prefetch_next = 0;
     if (nn > 0) {
       kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], kpos_buf[!cb], &kmin_buf[!cb], &kmax_buf[!cb]);
@@ -1595,14 +1624,15 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       continue;
     }
     all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
-    for (part = 0; part < parts; part++) {
-      int a = part * nk / parts, b = (part + 1) * nk / parts;
-      int pa = part * nn / parts, pb = (part + 1) * nn / parts;
-      for (rb = 0; rb < nrows && b > a; rb += KVA__NR) {
-        int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-        kva__dot_tile(w->kt, qr + rb, nr, krows + a, b - a, P->D, scores + rb * KVA__TILE + a, KVA__TILE, w->k_cs);
-      }
-      if (prefetch_next) kva__prefetch_rows(krows_buf[!cb] + pa, pb - pa, kbytes);
+    next_k.rows = krows_buf[!cb];
+    next_v.rows = vrows_buf[!cb];
+    next_k.n = next_v.n = prefetch_next ? nn : 0;
+    next_k.bytes = kbytes;
+    next_v.bytes = vbytes;
+    for (rb = 0; rb < nrows; rb += KVA__NR) {
+      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs,
+                    rb == 0 ? &next_k : NULL);
     }
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos);
@@ -1620,15 +1650,10 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       }
       l[t] += kva__exp_sub_sum(s, nk, m[t]);
     }
-    for (part = 0; part < parts; part++) {
-      int a = part * nk / parts, b = (part + 1) * nk / parts;
-      int pa = part * nn / parts, pb = (part + 1) * nn / parts;
-      for (rb = 0; rb < nrows && b > a; rb += KVA__NR) {
-        int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-        kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE + a, KVA__TILE, vrows + a, b - a, P->DV,
-                       w->v_cs);
-      }
-      if (prefetch_next) kva__prefetch_rows(vrows_buf[!cb] + pa, pb - pa, vbytes);
+    for (rb = 0; rb < nrows; rb += KVA__NR) {
+      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs,
+                     rb == 0 ? &next_v : NULL);
     }
   }
   if (w->key_scores) { /* H2O: add each key's final probability, summed over the rows */
@@ -1641,7 +1666,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       if (kmin > qmax) continue;
       for (rb = 0; rb < nrows; rb += KVA__NR) {
         int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-        kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs);
+        kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs, NULL);
       }
       { /* each row's final probabilities (vector exp), summed per key in row order */
         float colsum[KVA__TILE];
