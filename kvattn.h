@@ -866,17 +866,40 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
     KVA__IN_REGISTERS(qv0, qv1, qv2, qv3)                                                      \
     KVA__EACH_4X4(KVA__D512_FMA)                                                               \
   }
-/* row sums of key k's four accumulators, scaled, into the scores */
-#define KVA__DOT512_OUT(dt, k, krow)                                                            \
-  if (j + k < nk) {                                                                             \
-    float KVA__ALIGN(16) t4[4];                                                                 \
-    _mm_store_ps(t4, kva__hsum4_avx2(kva__fold512(s0##k), kva__fold512(s1##k), kva__fold512(s2##k), \
-                                     kva__fold512(s3##k)));                                     \
-    if (KVA__SCALED_##dt) {                                                                     \
-      float ks = kva__rowscale_##dt(krow, d, cs);                                               \
-      for (r = 0; r < nr; r++) t4[r] *= ks;                                                     \
-    }                                                                                           \
-    for (r = 0; r < nr; r++) scores[r * lds + j + k] = t4[r];                                   \
+/* The 16 sums of a[4*key + row] as one vector: 128-bit lane `row`, element
+   `key`. A transpose-and-add tree: 45 shuffles and adds for 16 sums. */
+KVA__FORCEINLINE __m512 kva__pair512(__m512 a, __m512 b) { /* [a halves, b halves] */
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+}
+KVA__FORCEINLINE __m512 kva__quad512(__m512 b0, __m512 b1) { /* lane c: quarter sums of input c */
+  return _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xdd));
+}
+KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
+  __m512 c0 = kva__quad512(kva__pair512(a[0], a[1]), kva__pair512(a[2], a[3]));
+  __m512 c1 = kva__quad512(kva__pair512(a[4], a[5]), kva__pair512(a[6], a[7]));
+  __m512 c2 = kva__quad512(kva__pair512(a[8], a[9]), kva__pair512(a[10], a[11]));
+  __m512 c3 = kva__quad512(kva__pair512(a[12], a[13]), kva__pair512(a[14], a[15]));
+  __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c0, c1), _mm512_unpackhi_ps(c0, c1));
+  __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c2, c3), _mm512_unpackhi_ps(c2, c3));
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(d0), _mm512_castps_pd(d1))),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(d0), _mm512_castps_pd(d1))));
+}
+#define KVA__D512_GATHER(r, k) sums[4 * k + r] = s##r##k;
+/* the step's scores: row r's four (keys j..j+3, those < nk) from lane r */
+#define KVA__DOT512_OUT(dt)                                                                     \
+  {                                                                                             \
+    __m512 sums[16], e;                                                                         \
+    const __mmask8 keys = (__mmask8)(nk - j >= 4 ? 0xf : (1u << (nk - j)) - 1u);                \
+    KVA__EACH_4X4(KVA__D512_GATHER)                                                            \
+    e = kva__sum16_512(sums);                                                                   \
+    if (KVA__SCALED_##dt)                                                                       \
+      e = _mm512_mul_ps(e, _mm512_broadcast_f32x4(_mm_setr_ps(                                  \
+                               kva__rowscale_##dt(k0, d, cs), kva__rowscale_##dt(k1, d, cs),     \
+                               kva__rowscale_##dt(k2, d, cs), kva__rowscale_##dt(k3, d, cs)))); \
+    _mm_mask_storeu_ps(scores + j, keys, _mm512_castps512_ps128(e));                            \
+    if (nr > 1) _mm_mask_storeu_ps(scores + lds + j, keys, _mm512_extractf32x4_ps(e, 1));       \
+    if (nr > 2) _mm_mask_storeu_ps(scores + 2 * lds + j, keys, _mm512_extractf32x4_ps(e, 2));   \
+    if (nr > 3) _mm_mask_storeu_ps(scores + 3 * lds + j, keys, _mm512_extractf32x4_ps(e, 3));   \
   }
 
 #define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
@@ -893,10 +916,7 @@ KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
       for (r = 0; r < 4; r++) kva__prefetch_ahead(ahead, j + r);                                \
       for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP(dt, (__mmask16)0xffff)                  \
       if (i < d) KVA__DOT512_STEP(dt, kva__mask16(i, d))                                        \
-      KVA__DOT512_OUT(dt, 0, k0)                                                                \
-      KVA__DOT512_OUT(dt, 1, k1)                                                                \
-      KVA__DOT512_OUT(dt, 2, k2)                                                                \
-      KVA__DOT512_OUT(dt, 3, k3)                                                                \
+      KVA__DOT512_OUT(dt)                                                                       \
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx512(const float *const *q, int nr, const void *const *krows, \
