@@ -1493,6 +1493,7 @@ typedef struct {
   size_t k_tok_stride, v_tok_stride;  /* bytes from token j to j+1 */
   size_t k_head_stride, v_head_stride;
   const int32_t *pos;                 /* NULL => position j */
+  int32_t pos_max;                    /* no key's position exceeds this */
   float *key_scores;                  /* paged, H2O: [block][G][bs] accumulated probabilities, or NULL */
   /* paged: block b of a layer at pool + b * block_bytes */
   const unsigned char *pool;
@@ -1503,7 +1504,10 @@ typedef struct {
   int block_size, n_kv_heads;
 } kva__kv_view;
 
-/* Fill a tile: rows j0 .. j0+n-1 of KV head g; returns min/max position. */
+/* Fill a tile: rows j0 .. j0+n-1 of KV head g; returns min/max position.
+   With kpos NULL the positions are not read (the caller knows every key is
+   visible) and the bounds are the view's: a paged tile's positions sit on
+   their own line per block, and reading them cost a long decode a tenth. */
 static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, const void **krows,
                                   const void **vrows, int32_t *kpos, int32_t *kmin, int32_t *kmax) {
   int j;
@@ -1513,7 +1517,7 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
       int t = j0 + j;
       krows[j] = w->k + (size_t)t * w->k_tok_stride + (size_t)g * w->k_head_stride;
       vrows[j] = w->v + (size_t)t * w->v_tok_stride + (size_t)g * w->v_head_stride;
-      kpos[j] = w->pos ? w->pos[t] : (int32_t)t;
+      if (kpos) kpos[j] = w->pos ? w->pos[t] : (int32_t)t;
     }
   } else { /* walk the block table: slots of one head are contiguous inside a block */
     int bs = w->block_size, ti = j0 / bs, slot = j0 % bs;
@@ -1527,9 +1531,14 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
       for (; slot < bs && j < n; slot++, j++, kr += w->k_row, vr += w->v_row) {
         krows[j] = kr;
         vrows[j] = vr;
-        kpos[j] = pp[slot];
+        if (kpos) kpos[j] = pp[slot];
       }
     }
+  }
+  if (!kpos) {
+    *kmin = INT32_MIN;
+    *kmax = w->pos_max;
+    return;
   }
   for (j = 0; j < n; j++) {
     if (kpos[j] < lo) lo = kpos[j];
@@ -1605,7 +1614,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
   kva__ahead next_k, next_v; /* the next tile, prefetched by the first row block's kernels */
-  int t, j0, j, rb, prefetch_next;
+  int t, j0, j, rb, prefetch_next, read_pos;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -1618,8 +1627,11 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
+  /* a decode step (no window, no key after any query) masks nothing */
+  read_pos = P->window > 0 || w->pos_max > qmin;
   if (kv1 > kv0)
-    kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0], kpos_buf[0],
+    kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0],
+                   read_pos ? kpos_buf[0] : NULL,
                    &kmin_buf[0], &kmax_buf[0]);
   for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
     int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible, cb = ((j0 - kv0) / KVA__TILE) & 1;
@@ -1632,7 +1644,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     if (j0 == 0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes);
     prefetch_next = 0;
     if (nn > 0) {
-      kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], kpos_buf[!cb], &kmin_buf[!cb], &kmax_buf[!cb]);
+      kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], read_pos ? kpos_buf[!cb] : NULL,
+                     &kmin_buf[!cb], &kmax_buf[!cb]);
       prefetch_next = kmin_buf[!cb] <= qmax;
     }
     if (kmin > qmax || /* every key is in every row's future, or out of every row's window */
@@ -1682,7 +1695,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       krows = krows_buf[0];
       vrows = vrows_buf[0];
       kpos = kpos_buf[0];
-      kva__view_fill(w, g, j0, nk, krows, vrows, kpos, &kmin, &kmax);
+      kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
       if (kmin > qmax) continue;
       for (rb = 0; rb < nrows; rb += KVA__NR) {
         int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
@@ -1897,6 +1910,7 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   w.k_tok_stride = w.k_head_stride * (size_t)P.G;
   w.v_tok_stride = w.v_head_stride * (size_t)P.G;
   w.pos = kv_pos;
+  w.pos_max = kv_pos ? INT32_MAX : n_kv - 1;
   if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
   {
     float scratch[KVA__STACK_SCRATCH]; /* split-K partials of a decode step, which never allocates */
@@ -2909,6 +2923,7 @@ KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, c
 static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int layer, kva__kv_view *w) {
   memset(w, 0, sizeof *w);
   w->paged = 1;
+  w->pos_max = (int32_t)(s->pos - 1); /* positions are given out in order, from s->pos on */
   w->kt = c->kt[layer];
   w->vt = c->kind == KVA_CACHE_KV ? c->vt[layer] : c->kt[layer];
   w->k_code_off = kva__code_offset(w->kt);
