@@ -441,25 +441,27 @@ static inline float kva__rowscale_i8(const void *row, int d, float cs) {
 static inline float kva__rowscale_e4m3(const void *row, int d, float cs) { (void)row; (void)d; return cs * 256.0f; }
 static inline float kva__rowscale_e5m2(const void *row, int d, float cs) { (void)row; (void)d; return cs; }
 
-/* The rows of the next tile, prefetched by a kernel as it walks this one:
-   one row per key step keeps a steady stream of misses in flight (issued
-   in one burst, they fill the miss queue and stall the loads that compute).
-   Every tile but the last is full, so the next tile never has more rows. */
+/* The next tile's K and V rows, prefetched by the score kernel as it walks
+   this tile: one key's rows per key step keep a steady stream of misses in
+   flight (issued in one burst, they fill the miss queue and stall the loads
+   that compute), and V's arrive a whole tile early. Every tile but the last
+   is full, so the next tile never has more rows than this one. */
 typedef struct {
-  const void *const *rows;
+  const void *const *k, *const *v;
   int n;
-  size_t bytes; /* of one row */
+  size_t k_bytes, v_bytes; /* of one row; v_bytes 0: V rows are K rows (latent cache) */
 } kva__ahead;
 KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
   size_t off;
-  if (ahead && j < ahead->n)
-    for (off = 0; off < ahead->bytes; off += 64) KVA__PREFETCH((const char *)ahead->rows[j] + off);
+  if (!ahead || j >= ahead->n) return;
+  for (off = 0; off < ahead->k_bytes; off += 64) KVA__PREFETCH((const char *)ahead->k[j] + off);
+  for (off = 0; off < ahead->v_bytes; off += 64) KVA__PREFETCH((const char *)ahead->v[j] + off);
 }
 
 /* dot_tile: scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no softmax scale).
    vacc_tile: acc_r += sum_j p[r*ldp + j] * v_j.
    A quantized row's scale multiplies the finished dot product and the
-   probability, never each element. Both prefetch `ahead` as they go. */
+   probability, never each element. dot_tile prefetches `ahead` as it goes. */
 #define KVA__DEFINE_SCALAR_KERNELS(dt)                                                          \
   static inline void kva__dot_tile_##dt##_scalar(const float *const *q, int nr, const void *const *krows, \
                                                   int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
@@ -475,11 +477,10 @@ KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
     }                                                                                           \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_scalar(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                   const void *const *vrows, int nk, int dv, float cs) { \
     int r, j, i;                                                                                \
     for (j = 0; j < nk; j++) {                                                                  \
       float vs = kva__rowscale_##dt(vrows[j], dv, cs);                                          \
-      kva__prefetch_ahead(ahead, j);                                                            \
       for (r = 0; r < nr; r++) {                                                                \
         float pj = KVA__SCALED_##dt ? p[r * ldp + j] * vs : p[r * ldp + j];                     \
         if (pj == 0.0f) continue;                                                               \
@@ -627,13 +628,12 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
   /* one strip of nv (<= 4) vectors of 8 columns from column i, nr rows */                    \
   KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx2(float *const *acc, const int nr, const float *p, \
                                                      int ldp, const void *const *vrows, int nk,  \
-                                                     int i, const int nv, const kva__ahead *ahead) {                     \
+                                                     int i, const int nv) {                     \
     const __m256 z = _mm256_setzero_ps();                                                       \
     int j;                                                                                      \
     KVA__EACH_4X4(KVA__V256_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
-      kva__prefetch_ahead(ahead, j);                                                            \
       __m256 v0 = KVA__AVX2_LOAD8_##dt(vr, i);                                                  \
       __m256 v1 = nv > 1 ? KVA__AVX2_LOAD8_##dt(vr, i + 8) : z;                                 \
       __m256 v2 = nv > 2 ? KVA__AVX2_LOAD8_##dt(vr, i + 16) : z;                                \
@@ -648,15 +648,14 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                       const void *const *vrows, int nk, int dv, float cs) { \
     int i, j, r;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
     /* 16 ymm registers: strips of 2 vectors (8 accumulators, 2 values, 4 broadcasts) */      \
-    for (i = 0; i + 16 <= dv; i += 16, ahead = NULL)                                            \
-      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 2, ahead);                     \
+    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 2); \
     if (dv - i >= 8) {                                                                          \
-      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 1, ahead);                     \
+      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 1);                            \
       i += 8;                                                                                   \
     }                                                                                           \
     for (; i < dv; i++)                                                                         \
@@ -666,12 +665,12 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
       }                                                                                         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_avx2(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                 const void *const *vrows, int nk, int dv, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv, cs, ahead); break;              \
-      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv, cs, ahead); break;              \
-      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv, cs, ahead); break;              \
-      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv, cs, ahead); break;             \
+      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
+      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
+      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
+      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
     }                                                                                           \
   }
 KVA__DEFINE_AVX2_KERNELS(f32)
@@ -931,7 +930,7 @@ KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
   /* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows: 16 accumulators */  \
   KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx512(float *const *acc, const int nr, const float *p, \
                                                        int ldp, const void *const *vrows, int nk, \
-                                                       int i, const int nv, int dv, const kva__ahead *ahead) {           \
+                                                       int i, const int nv, int dv) {           \
     const __m512 z = _mm512_setzero_ps();                                                       \
     const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);                      \
     const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);                 \
@@ -939,7 +938,6 @@ KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
     KVA__EACH_4X4(KVA__V512_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
-      kva__prefetch_ahead(ahead, j);                                                            \
       __m512 v0 = KVA__AVX512_LOAD16_##dt(vr, i, m0);                                           \
       __m512 v1 = nv > 1 ? KVA__AVX512_LOAD16_##dt(vr, i + 16, m1) : z;                         \
       __m512 v2 = nv > 2 ? KVA__AVX512_LOAD16_##dt(vr, i + 32, m2) : z;                         \
@@ -954,25 +952,24 @@ KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx512_nr(float *const *acc, const int nr,        \
                                                          const float *p, int ldp,               \
-                                                         const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                         const void *const *vrows, int nk, int dv, float cs) { \
     int i, rest;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 64 <= dv; i += 64, ahead = NULL)                                            \
-      kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv, ahead);               \
+    for (i = 0; i + 64 <= dv; i += 64) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv); \
     rest = (dv - i + 15) / 16; /* vectors left, the last one masked */                          \
-    if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv, ahead);  \
-    if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv, ahead);  \
-    if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv, ahead);  \
-    if (rest == 4) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv, ahead);  \
+    if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv);         \
+    if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv);         \
+    if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv);         \
+    if (rest == 4) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv);         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_avx512(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                   const void *const *vrows, int nk, int dv, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx512_nr(acc, 1, p, ldp, vrows, nk, dv, cs, ahead); break;            \
-      case 2: kva__vacc_tile_##dt##_avx512_nr(acc, 2, p, ldp, vrows, nk, dv, cs, ahead); break;            \
-      case 3: kva__vacc_tile_##dt##_avx512_nr(acc, 3, p, ldp, vrows, nk, dv, cs, ahead); break;            \
-      default: kva__vacc_tile_##dt##_avx512_nr(acc, 4, p, ldp, vrows, nk, dv, cs, ahead); break;           \
+      case 1: kva__vacc_tile_##dt##_avx512_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;            \
+      case 2: kva__vacc_tile_##dt##_avx512_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;            \
+      case 3: kva__vacc_tile_##dt##_avx512_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;            \
+      default: kva__vacc_tile_##dt##_avx512_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;           \
     }                                                                                           \
   }
 KVA__DEFINE_AVX512_KERNELS(f32)
@@ -1119,13 +1116,12 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
   /* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows: 16 accumulators */   \
   KVA__FORCEINLINE void kva__vacc_strip_##dt##_neon(float *const *acc, const int nr, const float *p, \
                                                      int ldp, const void *const *vrows, int nk,  \
-                                                     int i, const int nv, const kva__ahead *ahead) {                     \
+                                                     int i, const int nv) {                     \
     const float32x4_t z = vdupq_n_f32(0.0f);                                                    \
     int j;                                                                                      \
     KVA__EACH_4X4(KVA__V128_INIT)                                                              \
     for (j = 0; j < nk; j++) {                                                                  \
       const void *vr = vrows[j];                                                                \
-      kva__prefetch_ahead(ahead, j);                                                            \
       float32x4_t v0 = KVA__NEON_LOAD4_##dt(vr, i);                                             \
       float32x4_t v1 = nv > 1 ? KVA__NEON_LOAD4_##dt(vr, i + 4) : z;                           \
       float32x4_t v2 = nv > 2 ? KVA__NEON_LOAD4_##dt(vr, i + 8) : z;                           \
@@ -1138,20 +1134,19 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
   }                                                                                             \
   KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
                                                        const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                       const void *const *vrows, int nk, int dv, float cs) { \
     int j, i, r;                                                                                \
     float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
     KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 16 <= dv; i += 16, ahead = NULL)                                            \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 4, ahead);                     \
+    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 4); \
     if (dv - i >= 12) {                                                                         \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 3, ahead);                     \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 3);                            \
       i += 12;                                                                                  \
     } else if (dv - i >= 8) {                                                                   \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 2, ahead);                     \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 2);                            \
       i += 8;                                                                                   \
     } else if (dv - i >= 4) {                                                                   \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 1, ahead);                     \
+      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 1);                            \
       i += 4;                                                                                   \
     }                                                                                           \
     for (; i < dv; i++)                                                                         \
@@ -1161,12 +1156,12 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
       }                                                                                         \
   }                                                                                             \
   static inline void kva__vacc_tile_##dt##_neon(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) { \
+                                                 const void *const *vrows, int nk, int dv, float cs) { \
     switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv, cs, ahead); break;              \
-      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv, cs, ahead); break;              \
-      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv, cs, ahead); break;              \
-      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv, cs, ahead); break;             \
+      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
+      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
+      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
+      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
     }                                                                                           \
   }
 KVA__DEFINE_NEON_KERNELS(f32)
@@ -1302,14 +1297,14 @@ static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, con
 }
 
 static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
-                                  const void *const *vrows, int nk, int dv, float cs, const kva__ahead *ahead) {
+                                  const void *const *vrows, int nk, int dv, float cs) {
   switch (t) {
-    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
-    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
-    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
-    case KVA_INT8: KVA__SEL(kva__vacc_tile_i8_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
-    case KVA_FP8_E4M3: KVA__SEL(kva__vacc_tile_e4m3_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
-    case KVA_FP8_E5M2: KVA__SEL(kva__vacc_tile_e5m2_)(acc, nr, p, ldp, vrows, nk, dv, cs, ahead); break;
+    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_INT8: KVA__SEL(kva__vacc_tile_i8_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_FP8_E4M3: KVA__SEL(kva__vacc_tile_e4m3_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_FP8_E5M2: KVA__SEL(kva__vacc_tile_e5m2_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1613,7 +1608,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
-  kva__ahead next_k, next_v; /* the next tile, prefetched by the first row block's kernels */
+  kva__ahead next; /* the next tile, prefetched by the first row block's score kernel */
   int t, j0, j, rb, prefetch_next, read_pos;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
@@ -1657,15 +1652,15 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       continue;
     }
     all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
-    next_k.rows = krows_buf[!cb];
-    next_v.rows = vrows_buf[!cb];
-    next_k.n = next_v.n = prefetch_next ? nn : 0;
-    next_k.bytes = kbytes;
-    next_v.bytes = vbytes;
+    next.k = krows_buf[!cb];
+    next.v = vrows_buf[!cb];
+    next.n = prefetch_next ? nn : 0;
+    next.k_bytes = kbytes;
+    next.v_bytes = nn > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
       kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs,
-                    rb == 0 ? &next_k : NULL);
+                    rb == 0 ? &next : NULL);
     }
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos);
@@ -1685,8 +1680,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     }
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs,
-                     rb == 0 ? &next_v : NULL);
+      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs);
     }
   }
   if (w->key_scores) { /* H2O: add each key's final probability, summed over the rows */
@@ -1723,11 +1717,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   }
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
-    if (l[t] > 0.0f) {
-      float inv = 1.0f / l[t];
-      int k;
-      for (k = 0; k < P->DV; k++) acc[t][k] *= inv;
-    }
+    if (l[t] > 0.0f) (void)kva__scale_max(acc[t], P->DV, 1.0f / l[t]);
     if (lse) lse[compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)h] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
   }
 }
