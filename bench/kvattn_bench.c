@@ -644,11 +644,14 @@ static double timed_sum(const float *buf, size_t n, int nt) {
 static float *g_flush;
 static size_t g_flush_n;
 
-/* Evict the caches: read a buffer far larger than the LLC with every thread (each
-   core's private L2 is emptied too). KV data is only read by attention, so its
-   lines are clean and reading is enough to evict them. */
-static void flush_caches(void) {
-  if (g_flush) timed_sum(g_flush, g_flush_n, max_threads());
+/* Evict the caches: read a buffer far larger than the LLC with the timed call's
+   threads (a 2-thread call's two private L2s are emptied too). KV data is only read
+   by attention, so its lines are clean and reading is enough to evict them. A
+   1-thread call gets a 1-thread flush: after a parallel flush, OpenMP's idle worker
+   spins on the other core for a while, and on this VM that slows the timed thread
+   by up to half (its vCPUs can share a physical core). */
+static void flush_caches(int threads) {
+  if (g_flush) timed_sum(g_flush, g_flush_n, threads);
 }
 
 /* FP32 FMA peak: independent accumulators in registers, 2 flop per FMA lane. */
@@ -1479,7 +1482,7 @@ static timing time_calls(kva_status (*f)(const call_ctx *), const call_ctx *x, i
   }
   for (i = 0; i < reps; i++) {
     double t0;
-    if (cold) flush_caches();
+    if (cold) flush_caches(x->a.n_threads);
     t0 = now_s();
     f(x);
     ts[i] = now_s() - t0;
@@ -1533,7 +1536,7 @@ static void time_interleaved(const call_fn *f, const call_ctx *x, int n, int col
     for (k = 0; k < n; k++) {
       double t0;
       j = (i + k) % n;
-      if (cold) flush_caches();
+      if (cold) flush_caches(x[j].a.n_threads);
       t0 = now_s();
       f[j](&x[j]);
       ts[(size_t)j * TI_MAXREPS + (size_t)i] = now_s() - t0;
