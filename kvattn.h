@@ -586,34 +586,58 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
 #define KVA__DEFINE_AVX2_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx2_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds, float cs, const kva__ahead *ahead) {       \
+                                                      float *scores, int lds, float cs,         \
+                                                      const kva__ahead *ahead) {                \
+    const __m256 z = _mm256_setzero_ps();                                                       \
+    const float *qr[4];                                                                         \
     int j, i, r;                                                                                \
-    const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
-    for (j = 0; j < nk; j++) {                                                                  \
-      const void *k = krows[j];                                                                 \
+    for (r = 0; r < 4; r++) qr[r] = q[nr > r ? r : 0];                                          \
+    for (j = 0; j < nk; j += 2) { /* past the end, k1 repeats k0; not stored */                 \
+      const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
+      __m256 a00 = z, a10 = z, a20 = z, a30 = z, a01 = z, a11 = z, a21 = z, a31 = z;            \
+      float KVA__ALIGN(16) s0[4], s1[4];                                                        \
       kva__prefetch_ahead(ahead, j);                                                            \
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
-      float KVA__ALIGN(16) s[4];                                                                \
+      kva__prefetch_ahead(ahead, j + 1);                                                        \
       for (i = 0; i + 8 <= d; i += 8) {                                                         \
-        __m256 kv = KVA__AVX2_LOAD8_##dt(k, i);                                                 \
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);                                  \
-        if (nr > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);                      \
-        if (nr > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);                      \
-        if (nr > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);                      \
+        __m256 x0 = KVA__AVX2_LOAD8_##dt(k0, i), x1 = KVA__AVX2_LOAD8_##dt(k1, i), qv;          \
+        qv = _mm256_loadu_ps(qr[0] + i);                                                        \
+        a00 = _mm256_fmadd_ps(qv, x0, a00);                                                     \
+        a01 = _mm256_fmadd_ps(qv, x1, a01);                                                     \
+        if (nr > 1) {                                                                           \
+          qv = _mm256_loadu_ps(qr[1] + i);                                                      \
+          a10 = _mm256_fmadd_ps(qv, x0, a10);                                                   \
+          a11 = _mm256_fmadd_ps(qv, x1, a11);                                                   \
+        }                                                                                       \
+        if (nr > 2) {                                                                           \
+          qv = _mm256_loadu_ps(qr[2] + i);                                                      \
+          a20 = _mm256_fmadd_ps(qv, x0, a20);                                                   \
+          a21 = _mm256_fmadd_ps(qv, x1, a21);                                                   \
+        }                                                                                       \
+        if (nr > 3) {                                                                           \
+          qv = _mm256_loadu_ps(qr[3] + i);                                                      \
+          a30 = _mm256_fmadd_ps(qv, x0, a30);                                                   \
+          a31 = _mm256_fmadd_ps(qv, x1, a31);                                                   \
+        }                                                                                       \
       }                                                                                         \
-      _mm_store_ps(s, kva__hsum4_avx2(a0, a1, a2, a3));                                         \
+      _mm_store_ps(s0, kva__hsum4_avx2(a00, a10, a20, a30));                                    \
+      _mm_store_ps(s1, kva__hsum4_avx2(a01, a11, a21, a31));                                    \
       for (; i < d; i++) {                                                                      \
-        float kf = kva__load1_##dt(k, i);                                                       \
-        s[0] += q0[i] * kf;                                                                     \
-        if (nr > 1) s[1] += q1[i] * kf;                                                         \
-        if (nr > 2) s[2] += q2[i] * kf;                                                         \
-        if (nr > 3) s[3] += q3[i] * kf;                                                         \
+        float kf0 = kva__load1_##dt(k0, i), kf1 = kva__load1_##dt(k1, i);                       \
+        for (r = 0; r < nr; r++) {                                                              \
+          s0[r] += qr[r][i] * kf0;                                                              \
+          s1[r] += qr[r][i] * kf1;                                                              \
+        }                                                                                       \
       }                                                                                         \
       if (KVA__SCALED_##dt) {                                                                   \
-        float ks = kva__rowscale_##dt(k, d, cs);                                                \
-        for (r = 0; r < nr; r++) s[r] *= ks;                                                    \
+        float ks0 = kva__rowscale_##dt(k0, d, cs), ks1 = kva__rowscale_##dt(k1, d, cs);         \
+        for (r = 0; r < nr; r++) {                                                              \
+          s0[r] *= ks0;                                                                         \
+          s1[r] *= ks1;                                                                         \
+        }                                                                                       \
       }                                                                                         \
-      for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
+      for (r = 0; r < nr; r++) scores[r * lds + j] = s0[r];                                     \
+      if (j + 1 < nk)                                                                           \
+        for (r = 0; r < nr; r++) scores[r * lds + j + 1] = s1[r];                               \
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx2(const float *const *q, int nr, const void *const *krows, \
