@@ -451,11 +451,23 @@ typedef struct {
   int n;
   size_t k_bytes, v_bytes; /* of one row; v_bytes 0: V rows are K rows (latent cache) */
 } kva__ahead;
-KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
+/* the lines of [p, p + bytes), four per step (the last step may touch up to
+   three lines past the end: prefetches never fault, and those lines mostly
+   hold the next row) */
+KVA__FORCEINLINE void kva__prefetch_span(const void *p, size_t bytes) {
+  const char *c = (const char *)p;
   size_t off;
+  for (off = 0; off < bytes; off += 256) {
+    KVA__PREFETCH(c + off);
+    KVA__PREFETCH(c + off + 64);
+    KVA__PREFETCH(c + off + 128);
+    KVA__PREFETCH(c + off + 192);
+  }
+}
+KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
   if (!ahead || j >= ahead->n) return;
-  for (off = 0; off < ahead->k_bytes; off += 64) KVA__PREFETCH((const char *)ahead->k[j] + off);
-  for (off = 0; off < ahead->v_bytes; off += 64) KVA__PREFETCH((const char *)ahead->v[j] + off);
+  kva__prefetch_span(ahead->k[j], ahead->k_bytes);
+  kva__prefetch_span(ahead->v[j], ahead->v_bytes);
 }
 
 /* dot_tile: scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no softmax scale).
@@ -1572,9 +1584,7 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
    prefetchers do not follow. */
 static inline void kva__prefetch_rows(const void *const *rows, int n, size_t row_bytes) {
   int j;
-  size_t off;
-  for (j = 0; j < n; j++)
-    for (off = 0; off < row_bytes; off += 64) KVA__PREFETCH((const char *)rows[j] + off);
+  for (j = 0; j < n; j++) kva__prefetch_span(rows[j], row_bytes);
 }
 
 /* Resolved attention parameters. */
