@@ -476,7 +476,8 @@ KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
    probability, never each element. dot_tile prefetches `ahead` as it goes. */
 #define KVA__DEFINE_SCALAR_KERNELS(dt)                                                          \
   static inline void kva__dot_tile_##dt##_scalar(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
+                                                  int nk, int d, float *scores, int lds, float cs, \
+                                                  const kva__ahead *ahead) {                     \
     int r, j, i;                                                                                \
     for (j = 0; j < nk; j++) {                                                                  \
       float ks = kva__rowscale_##dt(krows[j], d, cs);                                           \
@@ -653,7 +654,8 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx2(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
+                                                int nk, int d, float *scores, int lds, float cs, \
+                                                const kva__ahead *ahead) {                       \
     switch (nr) {                                                                               \
       case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;             \
       case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;             \
@@ -871,9 +873,6 @@ KVA__FORCEINLINE __m512 kva__avx512_load16_e4m3(const void *row, int i, __mmask1
 KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
   return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
 }
-KVA__FORCEINLINE __m256 kva__fold512(__m512 a) {
-  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-}
 
 /* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
 #define KVA__V512_INIT(r, c) \
@@ -940,7 +939,8 @@ KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
 #define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_avx512_nr(const float *const *q, const int nr,     \
                                                         const void *const *krows, int nk, int d, \
-                                                        float *scores, int lds, float cs, const kva__ahead *ahead) {     \
+                                                        float *scores, int lds, float cs,        \
+                                                        const kva__ahead *ahead) {               \
     const __m512 z = _mm512_setzero_ps();                                                       \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
@@ -955,7 +955,8 @@ KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_avx512(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
+                                                  int nk, int d, float *scores, int lds, float cs, \
+                                                  const kva__ahead *ahead) {                     \
     switch (nr) {                                                                               \
       case 1: kva__dot_tile_##dt##_avx512_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;           \
       case 2: kva__dot_tile_##dt##_avx512_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;           \
@@ -1110,7 +1111,8 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
 #define KVA__DEFINE_NEON_KERNELS(dt)                                                            \
   KVA__FORCEINLINE void kva__dot_tile_##dt##_neon_nr(const float *const *q, const int nr,       \
                                                       const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds, float cs, const kva__ahead *ahead) {       \
+                                                      float *scores, int lds, float cs,          \
+                                                      const kva__ahead *ahead) {                 \
     int j, i, r;                                                                                \
     const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
     for (j = 0; j < nk; j++) {                                                                  \
@@ -1141,7 +1143,8 @@ KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
     }                                                                                           \
   }                                                                                             \
   static inline void kva__dot_tile_##dt##_neon(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds, float cs, const kva__ahead *ahead) { \
+                                                int nk, int d, float *scores, int lds, float cs, \
+                                                const kva__ahead *ahead) {                       \
     switch (nr) {                                                                               \
       case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;             \
       case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;             \
