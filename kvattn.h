@@ -1673,7 +1673,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     kpos = kpos_buf[cb];
     kmin = kmin_buf[cb];
     kmax = kmax_buf[cb];
-    if (j0 == 0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes);
+    if (j0 == kv0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes); /* the first tile's V */
     prefetch_next = 0;
     if (nn > 0) {
       kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], read_pos ? kpos_buf[!cb] : NULL,
