@@ -1582,9 +1582,9 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
   *kmax = hi;
 }
 
-/* Start loading a tile's value rows while its scores are computed: the
-   value kernel walks them column block by column block, which the hardware
-   prefetchers do not follow. */
+/* Every line of n rows at once: the first tile's V rows (they load while
+   its scores are computed) and the tile after a skipped one. Later tiles
+   arrive through kva__ahead. */
 static inline void kva__prefetch_rows(const void *const *rows, int n, size_t row_bytes) {
   int j;
   for (j = 0; j < n; j++) kva__prefetch_span(rows[j], row_bytes);
