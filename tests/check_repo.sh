@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# tests/check_repo.sh - the repository stands on its own (the `repo-check`
+# step of tests/run_matrix.sh; runs alone too: bash tests/check_repo.sh [ROOT]).
+#
+# (a) References: every text file of the repository (git ls-files, tracked or
+#     new but not ignored; every file under ROOT outside .git/ and build/ when
+#     ROOT is not a git checkout; binary files such as bench/model/*.bin are
+#     skipped) is searched for references to things a reader of the
+#     repository cannot open:
+#       - machine paths: /work/, /home/, /root/, /Users/, /mnt/, ../shared,
+#         and /tmp/ (a program that needs scratch space writes under
+#         "${TMPDIR:-/tmp}", which is allowed, or uses mktemp);
+#       - outside documents: FACTS / FACTS.md, any API.md but docs/API.md;
+#       - the process that produced the code: "the seed", "seed/",
+#         "seed write-up" (a random seed, --seed, kt_seed(...) are fine),
+#         "issue" / "issues" / "issue #" as a word ("issued" is fine);
+#       - markdown links [text](path) and `dir/file` paths quoted in markdown
+#         (under examples/ tests/ bench/ docs/ cmake/ .ci/) that name a file
+#         the repository does not have.
+#     This script itself is not searched (it has to spell the patterns).
+# (b) docs/API.md covers kvattn.h: every public name of the header (KVA_API
+#     functions, kva_* types, KVA_* / KVATTN_* enum constants and macros
+#     without a double underscore, and the fields of every public struct)
+#     must appear in docs/API.md as a word; and every kva_* / KVA_* /
+#     KVATTN_* name that docs/API.md mentions must exist in kvattn.h.
+#
+# Prints every finding as FILE:LINE: what: the text, then a summary line.
+# Exit status 0 when nothing was found, 1 otherwise, 2 on a usage error.
+{
+set -u -o pipefail
+export LC_ALL=C
+
+ROOT=${1:-"$(dirname "$0")/.."}
+cd "$ROOT" || { echo "check_repo: cannot enter $ROOT"; exit 2; }
+SELF=tests/check_repo.sh
+HEADER=kvattn.h
+DOC=docs/API.md
+bad=0
+
+say() { printf '%s\n' "$*"; bad=$((bad + 1)); }
+
+# ------------------------------------------------------------ the file list
+files=()
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    while IFS= read -r f; do files+=("$f"); done < <(git ls-files --cached --others --exclude-standard | sort -u)
+    how="git ls-files"
+else
+    while IFS= read -r f; do files+=("${f#./}"); done < <(find . -type d \( -name .git -o -name build \) -prune -o -type f -print | sort)
+    how="find (not a git checkout)"
+fi
+text=()
+n_bin=0
+for f in "${files[@]}"; do
+    [ -f "$f" ] || continue # deleted in the work tree, not yet committed
+    [ "$f" = "$SELF" ] && continue
+    case $f in
+        *.bin | *.png | *.jpg | *.gz | *.tar | *.zip) n_bin=$((n_bin + 1)); continue ;;
+    esac
+    if [ -s "$f" ] && ! grep -Iq . "$f"; then # grep -I: a file with NUL bytes is binary
+        n_bin=$((n_bin + 1))
+        continue
+    fi
+    text+=("$f")
+done
+echo "check_repo: ${#text[@]} text files ($how; $n_bin binary skipped)"
+
+# ------------------------------------------------------- (a) references
+# hit FILE EXTENDED-REGEX WHAT [grep options]: report every matching line
+hit() {
+    local f=$1 re=$2 what=$3 line
+    shift 3
+    while IFS= read -r line; do
+        say "$f:${line%%:*}: $what: ${line#*:}"
+    done < <(grep -nE "$@" -e "$re" -- "$f")
+}
+
+n_refs_before=$bad
+for f in "${text[@]}"; do
+    hit "$f" '/(work|home|root|Users|mnt)/' "machine path"
+    hit "$f" '\.\./shared' "outside directory"
+    # /tmp: only the "${TMPDIR:-/tmp}" idiom
+    while IFS= read -r line; do
+        rest=${line#*:}
+        rest=${rest//'${TMPDIR:-/tmp}'/}
+        if grep -qE '(^|[^A-Za-z0-9_.-])/tmp($|[^A-Za-z0-9_])' <<<"$rest"; then
+            say "$f:${line%%:*}: machine path (write scratch files under \${TMPDIR:-/tmp} or mktemp): ${line#*:}"
+        fi
+    done < <(grep -n '/tmp' -- "$f")
+    hit "$f" '\bFACTS\b' "outside document (state the fact and its public source where it is used)"
+    # API.md: only docs/API.md (also ./docs/API.md, ../docs/API.md)
+    while IFS= read -r line; do
+        m=${line#*:}
+        [[ $m =~ ^(\.\.?/)*docs/API\.md$ ]] && continue
+        say "$f:${line%%:*}: outside document (the reference is docs/API.md): $m"
+    done < <(grep -noE '[A-Za-z0-9_./-]*API\.md' -- "$f")
+    hit "$f" '\bthe seed\b|\bseed/|\bseed[ -](write-?up|text|module|says)' "the process, not the repository (a random seed is fine)" -i
+    hit "$f" '\bissues?\b' "the process, not the repository" -i
+done
+
+# markdown: links and quoted repository paths must resolve
+for f in "${text[@]}"; do
+    case $f in *.md) ;; *) continue ;; esac
+    dir=$(dirname "$f")
+    while IFS= read -r line; do
+        n=${line%%:*}
+        target=${line#*:}
+        target=${target#*](}
+        target=${target%)}
+        target=${target%% *} # [x](path "title")
+        case $target in
+            '' | '#'* | http://* | https://* | mailto:* | ftp://*) continue ;;
+            /*) say "$f:$n: absolute link: $target"; continue ;;
+        esac
+        target=${target%%#*}
+        [ -e "$dir/$target" ] || say "$f:$n: link to a file the repository does not have: $target"
+    done < <(grep -noE '\[[^]]*\]\([^)]*\)' -- "$f")
+    while IFS= read -r line; do
+        n=${line%%:*}
+        p=${line#*:}
+        p=${p#\`}
+        p=${p%\`}
+        case $p in *'*'* | *'$'* | *'<'* | *'{'*) continue ;; esac
+        [ -e "$p" ] || say "$f:$n: names a file the repository does not have: $p"
+    done < <(grep -noE '`(examples|tests|bench|docs|cmake|\.ci)/[A-Za-z0-9_./*-]+`' -- "$f")
+done
+echo "check_repo: references: $((bad - n_refs_before)) finding(s)"
+
+# ------------------------------------------------ (b) docs/API.md coverage
+if [ ! -f "$HEADER" ]; then
+    say "$HEADER: does not exist"
+elif [ ! -f "$DOC" ]; then
+    say "$DOC: does not exist (the API reference for $HEADER)"
+else
+    # the header without comments (awk: comments may span lines)
+    code=$(awk '
+        {
+            out = ""; s = $0
+            while (s != "") {
+                if (inc) {
+                    i = index(s, "*/"); if (i == 0) { s = ""; break }
+                    s = substr(s, i + 2); inc = 0
+                } else {
+                    i = index(s, "/*"); j = index(s, "//")
+                    if (j > 0 && (i == 0 || j < i)) { out = out substr(s, 1, j - 1); s = ""; break }
+                    if (i == 0) { out = out s; s = ""; break }
+                    out = out substr(s, 1, i - 1) " "; s = substr(s, i + 2); inc = 1
+                }
+            }
+            print out
+        }' "$HEADER")
+    names=()
+    # functions
+    while IFS= read -r w; do names+=("function $w"); done < <(grep -oE '^KVA_API [^(]*\(' <<<"$code" |
+        grep -oE 'kva_[a-z0-9_]+\($' | tr -d '(' | grep -v '^kva__' | sort -u)
+    # types: typedef ... } kva_x;  and typedef struct kva_x kva_x;
+    while IFS= read -r w; do names+=("type $w"); done < <(
+        { grep -oE '^\} *kva_[a-z0-9_]+;' <<<"$code"; grep -oE '^typedef (struct|enum) kva_[a-z0-9_]+ kva_[a-z0-9_]+;' <<<"$code"; } |
+            grep -oE 'kva_[a-z0-9_]+;' | tr -d ';' | grep -v '^kva__' | sort -u)
+    # enum constants and macros (also those only named in comments, e.g. KVA_API)
+    while IFS= read -r w; do names+=("constant/macro $w"); done < <(grep -ohE '\bKVA(TTN)?_[A-Z0-9_]+\b' "$HEADER" |
+        grep -v '__' | sort -u)
+    # fields of public structs: "typedef struct {" ... "} kva_x;"
+    while IFS= read -r w; do names+=("field $w"); done < <(awk '
+        /^typedef struct *\{/ { body = ""; inside = 1; next }
+        inside && /^\} *[A-Za-z0-9_]+;/ {
+            inside = 0
+            name = $0; sub(/^\} */, "", name); sub(/;.*/, "", name)
+            if (name !~ /^kva_/ || name ~ /^kva__/) next
+            n = split(body, decl, ";")
+            for (k = 1; k <= n; k++) {
+                d = decl[k]
+                if (match(d, /\(\*[A-Za-z_][A-Za-z0-9_]*\)/)) {   # function pointer
+                    print name "." substr(d, RSTART + 2, RLENGTH - 3); continue
+                }
+                gsub(/\[[^]]*\]/, "", d)
+                m = split(d, part, ",")
+                for (p = 1; p <= m; p++) {
+                    q = part[p]; gsub(/[*]/, " ", q); gsub(/[ \t]+$/, "", q)
+                    if (q !~ /[A-Za-z0-9_]$/) continue
+                    match(q, /[A-Za-z_][A-Za-z0-9_]*$/)
+                    print name "." substr(q, RSTART, RLENGTH)
+                }
+            }
+            next
+        }
+        inside { body = body " " $0 }' <<<"$code" | sort -u)
+
+    missing=0
+    for entry in "${names[@]}"; do
+        kind=${entry% *}
+        w=${entry##* }
+        word=${w##*.} # a field is looked up by its own name
+        if ! grep -qw -- "$word" "$DOC"; then
+            say "$DOC: missing $kind $w (public in $HEADER)"
+            missing=$((missing + 1))
+        fi
+    done
+    # the other way: names the document uses must exist
+    stale=0
+    while IFS= read -r w; do
+        if ! grep -qw -- "$w" "$HEADER"; then
+            say "$DOC:$(grep -nw -- "$w" "$DOC" | head -n 1 | cut -d: -f1): names $w, which $HEADER does not have"
+            stale=$((stale + 1))
+        fi
+    done < <(grep -ohE '\b(kva_[a-z0-9_]*[a-z0-9]|KVA(TTN)?_[A-Z0-9_]*[A-Z0-9])\b' "$DOC" | grep -v '__' | sort -u)
+    echo "check_repo: $DOC: ${#names[@]} public names of $HEADER checked, $missing missing; $stale unknown name(s) in $DOC"
+fi
+
+if [ "$bad" -gt 0 ]; then
+    echo "check_repo: FAILED: $bad finding(s)"
+    exit 1
+fi
+echo "check_repo: OK"
+exit 0
+}
