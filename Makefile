@@ -9,7 +9,10 @@
 #   make plot        bench --csv into $(BENCH_CSV), then gnuplot bench/plot.gp
 #   make examples    every examples/*.c into build/examples/
 #   make fuzz        every tests/fuzz_*.c with libFuzzer for FUZZ_SECONDS each
-#   make install     kvattn.h into $(DESTDIR)$(PREFIX)/include
+#   make install     kvattn.h into $(DESTDIR)$(INCLUDEDIR), kvattn.pc into
+#                    $(PKGCONFIGDIR), the CMake package (find_package(kvattn),
+#                    target kvattn::kvattn) into $(CMAKEDIR); PREFIX=/usr/local,
+#                    LIBDIR=$(PREFIX)/lib.  make uninstall removes them.
 #   make clean
 
 .DEFAULT_GOAL := test
@@ -27,6 +30,10 @@ QEMU_AARCH64 ?= qemu-aarch64
 
 BUILD        ?= build
 PREFIX       ?= /usr/local
+INCLUDEDIR   ?= $(PREFIX)/include
+LIBDIR       ?= $(PREFIX)/lib
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+CMAKEDIR     ?= $(LIBDIR)/cmake/kvattn
 JOBS         ?= $(shell nproc 2>/dev/null || echo 1)
 RUN_TIMEOUT  ?= 600
 MATRIX_STEPS ?=
@@ -112,12 +119,40 @@ fuzz:
 	exit $$failed
 
 # ---- install
+# kvattn.h, kvattn.pc and the CMake package (kvattnConfig.cmake,
+# kvattnConfigVersion.cmake), the last three from cmake/*.in with the version
+# read from kvattn.h now.  The CMake package finds the header relative to
+# itself (the installed tree can move); kvattn.pc names $(PREFIX).
+# CMakeLists.txt (`cmake --install`) writes the same files from the same templates.
+KVATTN_VERSION_PART = $(shell sed -n 's/^\#define KVATTN_VERSION_$(1)  *\([0-9][0-9]*\).*/\1/p' kvattn.h)
+KVATTN_MAJOR   = $(call KVATTN_VERSION_PART,MAJOR)
+KVATTN_MINOR   = $(call KVATTN_VERSION_PART,MINOR)
+KVATTN_VERSION = $(KVATTN_MAJOR).$(KVATTN_MINOR).$(call KVATTN_VERSION_PART,PATCH)
+# kvattn.pc's includedir: under $(PREFIX) it is written as ${prefix}/...
+KVATTN_PC_INCLUDEDIR = $(if $(filter $(PREFIX)/%,$(INCLUDEDIR)),$${prefix}$(patsubst $(PREFIX)%,%,$(INCLUDEDIR)),$(INCLUDEDIR))
+
 install:
-	install -d $(DESTDIR)$(PREFIX)/include
-	install -m 0644 kvattn.h $(DESTDIR)$(PREFIX)/include/kvattn.h
+	@case '$(KVATTN_VERSION)' in [0-9]*.[0-9]*.[0-9]*) ;; \
+	  *) echo "make install: no KVATTN_VERSION_MAJOR/MINOR/PATCH numbers in kvattn.h (got '$(KVATTN_VERSION)')"; exit 1 ;; esac
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(CMAKEDIR)
+	install -m 0644 kvattn.h $(DESTDIR)$(INCLUDEDIR)/kvattn.h
+	sed -e 's|@KVATTN_PC_PREFIX@|$(PREFIX)|g' -e 's|@KVATTN_PC_INCLUDEDIR@|$(KVATTN_PC_INCLUDEDIR)|g' \
+	  -e 's|@KVATTN_VERSION@|$(KVATTN_VERSION)|g' cmake/kvattn.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/kvattn.pc
+	@# the include directory as seen from the CMake package (absolute if realpath cannot say)
+	inc=$$(realpath -m -s --relative-to='$(CMAKEDIR)' '$(INCLUDEDIR)' 2>/dev/null) || inc='$(INCLUDEDIR)'; \
+	sed -e "s|@KVATTN_CONFIG_INCLUDEDIR@|$$inc|g" cmake/kvattnConfig.cmake.in \
+	  > $(DESTDIR)$(CMAKEDIR)/kvattnConfig.cmake
+	sed -e 's|@KVATTN_VERSION@|$(KVATTN_VERSION)|g' -e 's|@KVATTN_VERSION_MAJOR@|$(KVATTN_MAJOR)|g' \
+	  -e 's|@KVATTN_VERSION_MINOR@|$(KVATTN_MINOR)|g' cmake/kvattnConfigVersion.cmake.in \
+	  > $(DESTDIR)$(CMAKEDIR)/kvattnConfigVersion.cmake
+	chmod 0644 $(DESTDIR)$(PKGCONFIGDIR)/kvattn.pc $(DESTDIR)$(CMAKEDIR)/kvattnConfig.cmake \
+	  $(DESTDIR)$(CMAKEDIR)/kvattnConfigVersion.cmake
+	@echo "installed kvattn $(KVATTN_VERSION) under $(DESTDIR)$(PREFIX)"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/include/kvattn.h
+	rm -f $(DESTDIR)$(INCLUDEDIR)/kvattn.h $(DESTDIR)$(PKGCONFIGDIR)/kvattn.pc \
+	  $(DESTDIR)$(CMAKEDIR)/kvattnConfig.cmake $(DESTDIR)$(CMAKEDIR)/kvattnConfigVersion.cmake
+	rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null || true
 
 clean:
 	rm -rf $(BUILD)
