@@ -431,6 +431,28 @@ s_bench_smoke() {
     x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null
 }
 
+# examples/kvattn_run.c (the llama2.c-format inference program) against
+# tests/model_check.c's double-precision reference: random GQA/MHA/MQA
+# checkpoints, quantized caches, --serve, --ppl, bad input, and the trained
+# model in bench/model/ when it is there.  model-asan: the program under
+# ASan+UBSan, a reduced set (--quick), every bad input included.
+s_model() {
+    local d=$B/model
+    need_header || return 1
+    mkdir -p "$d"
+    x "$CC" -std=c99 -O2 -march=native -Wall -Wextra -I. examples/kvattn_run.c -o "$d/kvattn_run" -lm &&
+        x "$CC" -std=c99 -O2 -Wall -Wextra tests/model_check.c -o "$d/model_check" -lm &&
+        run "$d/model_check" "$d/kvattn_run" "$d/scratch"
+}
+s_model_asan() {
+    local d=$B/model-asan
+    need_header || return 1
+    mkdir -p "$d"
+    x "$CC" -std=c99 "${SAN[@]}" -I. examples/kvattn_run.c -o "$d/kvattn_run" -lm &&
+        x "$CC" -std=c99 -O2 -Wall -Wextra tests/model_check.c -o "$d/model_check" -lm &&
+        run env "${SAN_ENV[@]}" "$d/model_check" --quick "$d/kvattn_run" "$d/scratch"
+}
+
 # libFuzzer over cache operation sequences, briefly (make fuzz runs longer)
 s_fuzz() {
     local src=$1 name
@@ -484,7 +506,7 @@ skip() {
 # rough cost, to start the long steps first
 weight() {
     case $1 in
-        asan-ubsan*) echo 4 ;;
+        asan-ubsan* | model-asan) echo 4 ;;
         warnings-*) echo 3 ;;
         cxx | neon | openmp | native | avx2 | avx512 | scalar) echo 2 ;;
         *) echo 1 ;;
@@ -598,6 +620,13 @@ for src in examples/*.c; do
     step "example-$(basename "$src" .c)" s_example "$src"
 done
 step bench-smoke s_bench_smoke
+if [ -f examples/kvattn_run.c ]; then
+    step model s_model
+    step model-asan s_model_asan
+else
+    skip model "examples/kvattn_run.c does not exist"
+    skip model-asan "examples/kvattn_run.c does not exist"
+fi
 for src in tests/fuzz_*.c; do
     if have "$CLANG" && printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; return (int)n * 0; }\n' |
         "$CLANG" -x c -fsanitize=fuzzer - -o "$GEN/fuzz_probe" >/dev/null 2>&1; then

@@ -1,0 +1,1852 @@
+/* tests/model_check.c - black-box checks of the inference program
+ * examples/kvattn_run.c (built as build/examples/kvattn_run).
+ *
+ *   model_check [--quick] [--self-test] KVATTN_RUN SCRATCH_DIR [MODEL_DIR]
+ *
+ * It writes small random checkpoints and tokenizers in the llama2.c formats
+ * into SCRATCH_DIR, runs KVATTN_RUN on them, and compares what it prints with
+ * its own plain double-precision forward pass, written from the format and
+ * the model's definition alone (not from the program's code):
+ *
+ *   legacy checkpoint: 7 little-endian int32 (dim, hidden_dim, n_layers,
+ *   n_heads, n_kv_heads, vocab_size, seq_len; vocab_size < 0: the classifier
+ *   is a separate tensor at the end, else it is the token embedding), then
+ *   float32 tensors: embedding [vocab][dim], rms_att [L][dim],
+ *   wq [L][dim][dim], wk [L][kv_dim][dim], wv [L][kv_dim][dim],
+ *   wo [L][dim][dim], rms_ffn [L][dim], w1 [L][hidden][dim],
+ *   w2 [L][dim][hidden], w3 [L][hidden][dim], rms_final [dim], two unused
+ *   blocks of seq_len*head_size/2 floats, then the classifier if separate.
+ *   RMSNorm with eps 1e-5 and a weight; RoPE rotating the adjacent pairs
+ *   (2i, 2i+1) of each query and key head by position * 10000^(-2i/head_size);
+ *   causal softmax attention scaled by 1/sqrt(head_size), query head h reading
+ *   kv head h / (n_heads / n_kv_heads); SwiGLU w2(silu(w1 x) * w3 x);
+ *   residual connections; final RMSNorm; classifier.
+ *
+ *   tokenizer.bin: int32 max_token_length, then per token: float32 score,
+ *   int32 length, the bytes.  Ids 0/1/2 are <unk>/<s>/</s>, 3..258 the byte
+ *   tokens <0xXX>.  Encoding: BOS, a " " token when the text is not empty,
+ *   one token per UTF-8 character (else its bytes' tokens), then merging the
+ *   adjacent pair whose concatenation is a token with the highest score,
+ *   leftmost first, until none is.
+ *
+ * Checks, one output line each:
+ *   - logits (--logits-tokens) of GQA, MHA and MQA models, tied and separate
+ *     classifiers, head sizes 2, 6, 8, 12, against the reference: in one
+ *     prefill, token by token (--chunk 1), in chunks of 5, with a small block
+ *     size, with 2 threads;
+ *   - quantized KV caches (f16, bf16, int8, fp8) within tolerances that a
+ *     cache holding a key at the wrong position, or missing the newest key,
+ *     would exceed (this is checked too, on the reference);
+ *   - greedy generation (-t 0 -i) against the reference's encoder, argmax
+ *     and decoder; --serve against separate -i runs;
+ *   - --ppl-tokens and --ppl against the reference's mean next-token loss;
+ *   - bad input (checkpoints, tokenizers, flags, token ids): exit status 1,
+ *     a message on stderr, no signal, no sanitizer report;
+ *   - the trained model in MODEL_DIR (default bench/model), if present:
+ *     logits against its ref_logits.txt, and --ppl of its held-out text equal
+ *     to --ppl-tokens of the trainer's own token ids.
+ *
+ * Output: one line per check ("[PASS] name: detail" / "[FAIL] ..."), then
+ * "model_check: N passed, M failed".  Exit status 0 only if all passed.
+ * --quick runs fewer configurations (for sanitizer builds).
+ * C99 + POSIX (system(), <sys/wait.h>, mkdir); assumes IEEE floats and a
+ * little-endian host for the float32 tensors it writes. */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+/* ------------------------------------------------------------ tolerances */
+/* All logits tolerances are relative to the reference logits' scale
+   (max |logit| over the whole check), on max |program - reference|.  The
+   program computes in float32; the reference in double.  Measured on these
+   models (see the detail printed by every check): f32 ~1e-6, f16 ~1e-3,
+   bf16 ~1e-2, int8 ~1e-2, fp8_e4m3 ~5e-2 at most.  The "broken cache"
+   effect (a key rotated one position off, or the newest key missing) is
+   printed by the sensitivity check and must exceed every tolerance 2x. */
+#define TOL_F32 2e-5
+#define TOL_F16 6e-3
+#define TOL_BF16 4e-2
+#define TOL_INT8 4e-2
+#define TOL_FP8 1.5e-1
+/* trained model: absolute, against ref_logits.txt */
+#define TOL_TRAINED 1e-4
+
+/* ------------------------------------------------------------ reporting */
+static int n_pass, n_fail, quick;
+static const char *RUN_BIN, *SCRATCH;
+
+static void report(int ok, const char *name, const char *fmt, ...) {
+  va_list ap;
+  printf("[%s] %s", ok ? "PASS" : "FAIL", name);
+  if (fmt && fmt[0]) {
+    printf(": ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+  }
+  printf("\n");
+  fflush(stdout);
+  if (ok)
+    n_pass++;
+  else
+    n_fail++;
+}
+
+static void note(const char *fmt, ...) {
+  va_list ap;
+  printf("[NOTE] ");
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+  fflush(stdout);
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "model_check: out of memory (%lu bytes)\n", (unsigned long)n);
+    exit(2);
+  }
+  return p;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  if (!p) {
+    fprintf(stderr, "model_check: out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+/* a path inside the scratch directory (a rotating set of static buffers) */
+static const char *sp(const char *name) {
+  static char buf[16][1024];
+  static int k;
+  char *b = buf[k++ & 15];
+  snprintf(b, sizeof buf[0], "%s/%s", SCRATCH, name);
+  return b;
+}
+
+/* ------------------------------------------------------------ files */
+static void write_file(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
+    fprintf(stderr, "model_check: cannot write %s\n", path);
+    exit(2);
+  }
+}
+
+static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+
+/* the whole file, NUL-terminated; NULL if it cannot be read */
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  char *buf;
+  size_t cap = 4096, n = 0, r;
+  if (!f) return NULL;
+  buf = (char *)xmalloc(cap);
+  while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += r;
+    if (cap - n - 1 == 0) {
+      char *nb;
+      cap *= 2;
+      nb = (char *)realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return NULL;
+      }
+      buf = nb;
+    }
+  }
+  fclose(f);
+  buf[n] = '\0';
+  if (len) *len = n;
+  return buf;
+}
+
+static int file_exists(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0;
+  fclose(f);
+  return 1;
+}
+
+/* ------------------------------------------------------------ running */
+typedef struct {
+  int code;    /* exit status, or -1 when it did not exit normally */
+  int signal;  /* the signal that ended it, else 0 */
+  char *out;   /* stdout, NUL-terminated */
+  char *err;   /* stderr */
+  char cmd[4096];
+} Run;
+
+static void run_free(Run *r) {
+  free(r->out);
+  free(r->err);
+  r->out = r->err = NULL;
+}
+
+/* Runs "KVATTN_RUN ARGS" (ARGS as printf would make it; the caller quotes
+   paths) with stdout and stderr to files in the scratch directory. */
+static Run run_prog(const char *fmt, ...) {
+  Run r;
+  char args[3000], full[4200];
+  va_list ap;
+  int st;
+  memset(&r, 0, sizeof r);
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(r.cmd, sizeof r.cmd, "%s %s", RUN_BIN, args);
+  snprintf(full, sizeof full, "exec '%s' %s >'%s' 2>'%s' </dev/null", RUN_BIN, args, sp("run.out"),
+           sp("run.err"));
+  fflush(stdout);
+  st = system(full);
+  r.code = -1;
+  if (st != -1 && WIFEXITED(st)) {
+    r.code = WEXITSTATUS(st);
+    if (r.code > 128) { /* a shell reports a signalled child as 128+N */
+      r.signal = r.code - 128;
+      r.code = -1;
+    }
+  } else if (st != -1 && WIFSIGNALED(st)) {
+    r.signal = WTERMSIG(st);
+  }
+  r.out = read_file(sp("run.out"), NULL);
+  r.err = read_file(sp("run.err"), NULL);
+  if (!r.out) r.out = (char *)xcalloc(1, 1);
+  if (!r.err) r.err = (char *)xcalloc(1, 1);
+  return r;
+}
+
+/* the first line of s, shortened, for messages */
+static const char *first_line(const char *s) {
+  static char buf[4][200];
+  static int k;
+  char *b = buf[k++ & 3];
+  size_t i = 0;
+  while (s[i] && s[i] != '\n' && i < sizeof buf[0] - 1) {
+    b[i] = s[i];
+    i++;
+  }
+  b[i] = '\0';
+  return b;
+}
+
+static int has_sanitizer_report(const char *err) {
+  return strstr(err, "Sanitizer") != NULL || strstr(err, "runtime error:") != NULL;
+}
+
+/* a run that should have worked: exit 0, no sanitizer report */
+static int run_ok(const Run *r, char *why, size_t n) {
+  if (r->signal) {
+    snprintf(why, n, "killed by signal %d: %s", r->signal, r->cmd);
+    return 0;
+  }
+  if (r->code != 0) {
+    snprintf(why, n, "exit status %d (stderr: %s): %s", r->code, first_line(r->err), r->cmd);
+    return 0;
+  }
+  if (has_sanitizer_report(r->err)) {
+    snprintf(why, n, "sanitizer report on stderr: %s", r->cmd);
+    return 0;
+  }
+  return 1;
+}
+
+/* ------------------------------------------------------------ random */
+static uint64_t rng_state;
+static uint64_t rng_next(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double rng_unif(void) { return (double)(rng_next() >> 11) * (1.0 / 9007199254740992.0); }
+static float rng_sym(double a) { return (float)((2.0 * rng_unif() - 1.0) * a); }
+static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
+
+/* ------------------------------------------------------------ model */
+typedef struct {
+  int dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len, shared;
+} Cfg;
+
+typedef struct {
+  Cfg c;
+  int hs, kv_dim;
+  float *w; /* every float of the file after the header, in file order */
+  size_t nw;
+  const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final, *cls;
+} Model;
+
+static size_t cfg_floats(const Cfg *c) {
+  size_t d = (size_t)c->dim, h = (size_t)c->hidden, L = (size_t)c->n_layers, V = (size_t)c->vocab;
+  size_t hs = d / (size_t)c->n_heads, kvd = d * (size_t)c->n_kv_heads / (size_t)c->n_heads;
+  size_t n = V * d + L * d + L * d * d + 2 * L * kvd * d + L * d * d + L * d + 3 * L * h * d + d +
+             (size_t)c->seq_len * hs; /* the two unused blocks of seq_len*hs/2 */
+  if (!c->shared) n += V * d;
+  return n;
+}
+
+/* Random weights, scaled so activations stay around 1 and attention is far
+   from uniform.  quiet_special: classifier rows of ids 0..258 (specials and
+   byte tokens) near zero, so greedy text stays printable letters. */
+static void model_gen(Model *m, const Cfg *c, uint64_t seed, int quiet_special) {
+  size_t d = (size_t)c->dim, h = (size_t)c->hidden, L = (size_t)c->n_layers, V = (size_t)c->vocab;
+  size_t i, kvd, hs;
+  float *p;
+  memset(m, 0, sizeof *m);
+  m->c = *c;
+  m->hs = c->dim / c->n_heads;
+  m->kv_dim = c->dim * c->n_kv_heads / c->n_heads;
+  kvd = (size_t)m->kv_dim;
+  hs = (size_t)m->hs;
+  m->nw = cfg_floats(c);
+  m->w = (float *)xmalloc(m->nw * sizeof(float));
+  rng_state = seed;
+  p = m->w;
+#define TENSOR(ptr, count, expr)                    \
+  do {                                              \
+    m->ptr = p;                                     \
+    for (i = 0; i < (size_t)(count); i++) p[i] = (expr); \
+    p += (count);                                   \
+  } while (0)
+  TENSOR(emb, V * d, rng_sym(1.0));
+  TENSOR(rms_att, L * d, (float)(0.6 + 0.8 * rng_unif()));
+  TENSOR(wq, L * d * d, rng_sym(2.0 * sqrt(3.0 / (double)d)));
+  TENSOR(wk, L * kvd * d, rng_sym(2.0 * sqrt(3.0 / (double)d)));
+  TENSOR(wv, L * kvd * d, rng_sym(sqrt(3.0 / (double)d)));
+  TENSOR(wo, L * d * d, rng_sym(sqrt(3.0 / (double)d)));
+  TENSOR(rms_ffn, L * d, (float)(0.6 + 0.8 * rng_unif()));
+  TENSOR(w1, L * h * d, rng_sym(sqrt(3.0 / (double)d)));
+  TENSOR(w2, L * d * h, rng_sym(sqrt(3.0 / (double)h)));
+  TENSOR(w3, L * h * d, rng_sym(sqrt(3.0 / (double)d)));
+  TENSOR(rms_final, d, (float)(0.6 + 0.8 * rng_unif()));
+  /* the unused RoPE blocks hold noise: a program reading them would differ */
+  for (i = 0; i < (size_t)c->seq_len * hs; i++) p[i] = rng_sym(3.0);
+  p += (size_t)c->seq_len * hs;
+  if (c->shared) {
+    m->cls = m->emb;
+  } else {
+    TENSOR(cls, V * d, rng_sym(1.0));
+  }
+#undef TENSOR
+  if (quiet_special) {
+    float *cls = (float *)m->cls;
+    size_t r;
+    for (r = 0; r < 259 && r < V; r++)
+      for (i = 0; i < d; i++) cls[r * d + i] *= 0.01f;
+  }
+  if ((size_t)(p - m->w) != m->nw) {
+    fprintf(stderr, "model_check: internal error: tensor layout\n");
+    exit(2);
+  }
+}
+
+static void model_free(Model *m) {
+  free(m->w);
+  m->w = NULL;
+}
+
+static void put_i32(unsigned char *b, int32_t v) {
+  uint32_t u = (uint32_t)v;
+  b[0] = (unsigned char)(u & 255);
+  b[1] = (unsigned char)((u >> 8) & 255);
+  b[2] = (unsigned char)((u >> 16) & 255);
+  b[3] = (unsigned char)((u >> 24) & 255);
+}
+
+/* the checkpoint file's bytes */
+static unsigned char *ckpt_image(const Model *m, size_t *len) {
+  size_t n = 28 + m->nw * 4;
+  unsigned char *b = (unsigned char *)xmalloc(n);
+  const Cfg *c = &m->c;
+  put_i32(b, c->dim);
+  put_i32(b + 4, c->hidden);
+  put_i32(b + 8, c->n_layers);
+  put_i32(b + 12, c->n_heads);
+  put_i32(b + 16, c->n_kv_heads);
+  put_i32(b + 20, c->shared ? c->vocab : -c->vocab);
+  put_i32(b + 24, c->seq_len);
+  memcpy(b + 28, m->w, m->nw * 4);
+  *len = n;
+  return b;
+}
+
+static void write_ckpt(const Model *m, const char *path) {
+  size_t n;
+  unsigned char *b = ckpt_image(m, &n);
+  write_file(path, b, n);
+  free(b);
+}
+
+/* ------------------------------------------------------------ reference */
+static void matvec(double *out, const float *w, const double *x, int rows, int cols) {
+  int i, j;
+  for (i = 0; i < rows; i++) {
+    const float *r = w + (size_t)i * (size_t)cols;
+    double s = 0;
+    for (j = 0; j < cols; j++) s += (double)r[j] * x[j];
+    out[i] = s;
+  }
+}
+
+static void rmsnorm(double *out, const double *x, const float *w, int n) {
+  double ss = 0;
+  int i;
+  for (i = 0; i < n; i++) ss += x[i] * x[i];
+  ss = 1.0 / sqrt(ss / n + 1e-5);
+  for (i = 0; i < n; i++) out[i] = (double)w[i] * (x[i] * ss);
+}
+
+/* rotate the pairs (2i, 2i+1) of each head of v by pos * 10000^(-2i/hs) */
+static void rope(double *v, int n_heads, int hs, int pos) {
+  int h, i;
+  for (h = 0; h < n_heads; h++) {
+    double *x = v + (size_t)h * (size_t)hs;
+    for (i = 0; i < hs / 2; i++) {
+      double ang = pos * pow(10000.0, -2.0 * i / hs);
+      double c = cos(ang), s = sin(ang), a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * c - b * s;
+      x[2 * i + 1] = a * s + b * c;
+    }
+  }
+}
+
+/* Incremental reference (one token per call, a double KV cache).
+   variant 1: keys rotated one position too far; variant 2: the attention
+   misses the newest key (except at position 0) - the two "broken cache"
+   models the quantized tolerances must stay well below. */
+typedef struct {
+  const Model *m;
+  int variant, pos;
+  double *kc, *vc; /* [L][seq_len][kv_dim] */
+  double *x, *xb, *q, *k, *v, *att, *ao, *h1, *h3, *t;
+} Ref;
+
+static void ref_init(Ref *r, const Model *m, int variant) {
+  const Cfg *c = &m->c;
+  size_t cache = (size_t)c->n_layers * (size_t)c->seq_len * (size_t)m->kv_dim;
+  int big = c->dim > c->hidden ? c->dim : c->hidden;
+  if (c->vocab > big) big = c->vocab;
+  memset(r, 0, sizeof *r);
+  r->m = m;
+  r->variant = variant;
+  r->kc = (double *)xcalloc(cache, sizeof(double));
+  r->vc = (double *)xcalloc(cache, sizeof(double));
+  r->x = (double *)xcalloc((size_t)c->dim, sizeof(double));
+  r->xb = (double *)xcalloc((size_t)c->dim, sizeof(double));
+  r->q = (double *)xcalloc((size_t)c->dim, sizeof(double));
+  r->k = (double *)xcalloc((size_t)m->kv_dim, sizeof(double));
+  r->v = (double *)xcalloc((size_t)m->kv_dim, sizeof(double));
+  r->att = (double *)xcalloc((size_t)c->seq_len, sizeof(double));
+  r->ao = (double *)xcalloc((size_t)c->dim, sizeof(double));
+  r->h1 = (double *)xcalloc((size_t)c->hidden, sizeof(double));
+  r->h3 = (double *)xcalloc((size_t)c->hidden, sizeof(double));
+  r->t = (double *)xcalloc((size_t)big, sizeof(double));
+}
+
+static void ref_free(Ref *r) {
+  free(r->kc);
+  free(r->vc);
+  free(r->x);
+  free(r->xb);
+  free(r->q);
+  free(r->k);
+  free(r->v);
+  free(r->att);
+  free(r->ao);
+  free(r->h1);
+  free(r->h3);
+  free(r->t);
+}
+
+/* feeds token at position r->pos, writes vocab logits (may be NULL) */
+static void ref_step(Ref *r, int token, double *logits) {
+  const Model *m = r->m;
+  const Cfg *c = &m->c;
+  int d = c->dim, hd = c->hidden, hs = m->hs, kvd = m->kv_dim, pos = r->pos;
+  int grp = c->n_heads / c->n_kv_heads, l, i, h, j;
+  for (i = 0; i < d; i++) r->x[i] = m->emb[(size_t)token * (size_t)d + (size_t)i];
+  for (l = 0; l < c->n_layers; l++) {
+    double *kl = r->kc + (size_t)l * (size_t)c->seq_len * (size_t)kvd;
+    double *vl = r->vc + (size_t)l * (size_t)c->seq_len * (size_t)kvd;
+    rmsnorm(r->xb, r->x, m->rms_att + (size_t)l * (size_t)d, d);
+    matvec(r->q, m->wq + (size_t)l * (size_t)d * (size_t)d, r->xb, d, d);
+    matvec(r->k, m->wk + (size_t)l * (size_t)kvd * (size_t)d, r->xb, kvd, d);
+    matvec(r->v, m->wv + (size_t)l * (size_t)kvd * (size_t)d, r->xb, kvd, d);
+    rope(r->q, c->n_heads, hs, pos);
+    rope(r->k, c->n_kv_heads, hs, pos + (r->variant == 1));
+    memcpy(kl + (size_t)pos * (size_t)kvd, r->k, (size_t)kvd * sizeof(double));
+    memcpy(vl + (size_t)pos * (size_t)kvd, r->v, (size_t)kvd * sizeof(double));
+    for (h = 0; h < c->n_heads; h++) {
+      const double *qh = r->q + (size_t)h * (size_t)hs;
+      int kh = h / grp, last = pos, first = 0;
+      double mx = -1e300, sum = 0;
+      if (r->variant == 2 && pos > 0) last = pos - 1;
+      for (j = first; j <= last; j++) {
+        const double *kj = kl + (size_t)j * (size_t)kvd + (size_t)kh * (size_t)hs;
+        double s = 0;
+        for (i = 0; i < hs; i++) s += qh[i] * kj[i];
+        s /= sqrt((double)hs);
+        r->att[j] = s;
+        if (s > mx) mx = s;
+      }
+      for (j = first; j <= last; j++) {
+        r->att[j] = exp(r->att[j] - mx);
+        sum += r->att[j];
+      }
+      for (i = 0; i < hs; i++) r->ao[h * hs + i] = 0;
+      for (j = first; j <= last; j++) {
+        const double *vj = vl + (size_t)j * (size_t)kvd + (size_t)kh * (size_t)hs;
+        double p = r->att[j] / sum;
+        for (i = 0; i < hs; i++) r->ao[h * hs + i] += p * vj[i];
+      }
+    }
+    matvec(r->t, m->wo + (size_t)l * (size_t)d * (size_t)d, r->ao, d, d);
+    for (i = 0; i < d; i++) r->x[i] += r->t[i];
+    rmsnorm(r->xb, r->x, m->rms_ffn + (size_t)l * (size_t)d, d);
+    matvec(r->h1, m->w1 + (size_t)l * (size_t)hd * (size_t)d, r->xb, hd, d);
+    matvec(r->h3, m->w3 + (size_t)l * (size_t)hd * (size_t)d, r->xb, hd, d);
+    for (i = 0; i < hd; i++) r->h1[i] = r->h1[i] / (1.0 + exp(-r->h1[i])) * r->h3[i];
+    matvec(r->t, m->w2 + (size_t)l * (size_t)d * (size_t)hd, r->h1, d, hd);
+    for (i = 0; i < d; i++) r->x[i] += r->t[i];
+  }
+  r->pos++;
+  if (logits) {
+    rmsnorm(r->xb, r->x, m->rms_final, d);
+    matvec(logits, m->cls, r->xb, c->vocab, d);
+  }
+}
+
+/* logits [n][vocab] of a token sequence from an empty cache */
+static double *ref_logits(const Model *m, const int *tok, int n, int variant) {
+  double *lg = (double *)xmalloc((size_t)n * (size_t)m->c.vocab * sizeof(double));
+  Ref r;
+  int t;
+  ref_init(&r, m, variant);
+  for (t = 0; t < n; t++) ref_step(&r, tok[t], lg + (size_t)t * (size_t)m->c.vocab);
+  ref_free(&r);
+  return lg;
+}
+
+/* A second, independent formulation: the whole sequence layer by layer
+   (prefill form, no cache), for the reference's own self-test. */
+static double *ref_logits_prefill(const Model *m, const int *tok, int n) {
+  const Cfg *c = &m->c;
+  int d = c->dim, hd = c->hidden, hs = m->hs, kvd = m->kv_dim, V = c->vocab, l, t, h, j, i;
+  double *X = (double *)xcalloc((size_t)n * (size_t)d, sizeof(double));
+  double *XB = (double *)xcalloc((size_t)n * (size_t)d, sizeof(double));
+  double *Q = (double *)xcalloc((size_t)n * (size_t)d, sizeof(double));
+  double *K = (double *)xcalloc((size_t)n * (size_t)kvd, sizeof(double));
+  double *Vv = (double *)xcalloc((size_t)n * (size_t)kvd, sizeof(double));
+  double *O = (double *)xcalloc((size_t)n * (size_t)d, sizeof(double));
+  double *T = (double *)xcalloc((size_t)(d > hd ? d : hd), sizeof(double));
+  double *H1 = (double *)xcalloc((size_t)hd, sizeof(double));
+  double *H3 = (double *)xcalloc((size_t)hd, sizeof(double));
+  double *P = (double *)xcalloc((size_t)n, sizeof(double));
+  double *lg = (double *)xcalloc((size_t)n * (size_t)V, sizeof(double));
+  for (t = 0; t < n; t++)
+    for (i = 0; i < d; i++) X[t * d + i] = m->emb[(size_t)tok[t] * (size_t)d + (size_t)i];
+  for (l = 0; l < c->n_layers; l++) {
+    for (t = 0; t < n; t++) {
+      rmsnorm(XB + t * d, X + t * d, m->rms_att + l * d, d);
+      matvec(Q + t * d, m->wq + (size_t)l * d * d, XB + t * d, d, d);
+      matvec(K + t * kvd, m->wk + (size_t)l * kvd * d, XB + t * d, kvd, d);
+      matvec(Vv + t * kvd, m->wv + (size_t)l * kvd * d, XB + t * d, kvd, d);
+      /* RoPE written out per element, as angle = pos * base^(-(2i)/hs) */
+      for (i = 0; i < d; i += 2) {
+        int pi = (i % hs) / 2;
+        double th = t / pow(10000.0, (2.0 * pi) / hs), a = Q[t * d + i], b = Q[t * d + i + 1];
+        Q[t * d + i] = cos(th) * a - sin(th) * b;
+        Q[t * d + i + 1] = sin(th) * a + cos(th) * b;
+        if (i < kvd) {
+          a = K[t * kvd + i];
+          b = K[t * kvd + i + 1];
+          K[t * kvd + i] = cos(th) * a - sin(th) * b;
+          K[t * kvd + i + 1] = sin(th) * a + cos(th) * b;
+        }
+      }
+    }
+    for (t = 0; t < n; t++)
+      for (h = 0; h < c->n_heads; h++) {
+        int kh = h * c->n_kv_heads / c->n_heads;
+        double mx = -1e300, z = 0;
+        for (j = 0; j <= t; j++) {
+          double s = 0;
+          for (i = 0; i < hs; i++) s += Q[t * d + h * hs + i] * K[j * kvd + kh * hs + i];
+          P[j] = s / sqrt((double)hs);
+          if (P[j] > mx) mx = P[j];
+        }
+        for (j = 0; j <= t; j++) z += (P[j] = exp(P[j] - mx));
+        for (i = 0; i < hs; i++) {
+          double s = 0;
+          for (j = 0; j <= t; j++) s += P[j] * Vv[j * kvd + kh * hs + i];
+          O[t * d + h * hs + i] = s / z;
+        }
+      }
+    for (t = 0; t < n; t++) {
+      matvec(T, m->wo + (size_t)l * d * d, O + t * d, d, d);
+      for (i = 0; i < d; i++) X[t * d + i] += T[i];
+      rmsnorm(XB + t * d, X + t * d, m->rms_ffn + l * d, d);
+      matvec(H1, m->w1 + (size_t)l * hd * d, XB + t * d, hd, d);
+      matvec(H3, m->w3 + (size_t)l * hd * d, XB + t * d, hd, d);
+      for (i = 0; i < hd; i++) H1[i] = H1[i] * H3[i] / (1.0 + exp(-H1[i]));
+      matvec(T, m->w2 + (size_t)l * d * hd, H1, d, hd);
+      for (i = 0; i < d; i++) X[t * d + i] += T[i];
+    }
+  }
+  for (t = 0; t < n; t++) {
+    rmsnorm(XB + t * d, X + t * d, m->rms_final, d);
+    matvec(lg + (size_t)t * V, m->cls, XB + t * d, V, d);
+  }
+  free(X);
+  free(XB);
+  free(Q);
+  free(K);
+  free(Vv);
+  free(O);
+  free(T);
+  free(H1);
+  free(H3);
+  free(P);
+  return lg;
+}
+
+/* mean next-token loss over consecutive windows of seq_len tokens, each from
+   an empty cache (a window of w tokens predicts its last w-1 tokens) */
+static double ref_window_loss(const Model *m, const int *tok, int n, int *count) {
+  int L = m->c.seq_len, V = m->c.vocab, s, t, cnt = 0;
+  double sum = 0;
+  double *lg = (double *)xmalloc((size_t)V * sizeof(double));
+  for (s = 0; s < n; s += L) {
+    int w = n - s < L ? n - s : L;
+    Ref r;
+    ref_init(&r, m, 0);
+    for (t = 0; t + 1 < w; t++) {
+      double mx = -1e300, z = 0;
+      int v;
+      ref_step(&r, tok[s + t], lg);
+      for (v = 0; v < V; v++)
+        if (lg[v] > mx) mx = lg[v];
+      for (v = 0; v < V; v++) z += exp(lg[v] - mx);
+      sum += -(lg[tok[s + t + 1]] - mx - log(z));
+      cnt++;
+    }
+    ref_free(&r);
+  }
+  free(lg);
+  *count = cnt;
+  return cnt ? sum / cnt : 0;
+}
+
+/* ------------------------------------------------------------ tokenizer */
+typedef struct {
+  int n, maxlen;
+  char **s;
+  int *len;
+  float *score;
+} Vocab;
+
+static int vocab_find(const Vocab *v, const char *str, int len) {
+  int i;
+  for (i = 0; i < v->n; i++)
+    if (v->len[i] == len && memcmp(v->s[i], str, (size_t)len) == 0) return i;
+  return -1;
+}
+
+static void vocab_add(Vocab *v, const char *str, int len, float score) {
+  v->s[v->n] = (char *)xmalloc((size_t)len + 1);
+  memcpy(v->s[v->n], str, (size_t)len);
+  v->s[v->n][len] = '\0';
+  v->len[v->n] = len;
+  v->score[v->n] = score;
+  if (len > v->maxlen) v->maxlen = len;
+  v->n++;
+}
+
+/* n tokens: specials, 256 byte tokens, " ", a-z, "é", a few chosen merges,
+   then random merges of existing pieces with distinct scores */
+static void vocab_gen(Vocab *v, int n, uint64_t seed) {
+  static const char *chosen[] = {" t", "he", "the", " the", "at", "an", " a", " c", "ca", "cat",
+                                 " cat", "og", "do", "dog", " s", "sa", "sat", "in", "on", " on"};
+  char buf[64];
+  int i, guard = 0;
+  memset(v, 0, sizeof *v);
+  v->s = (char **)xcalloc((size_t)n, sizeof(char *));
+  v->len = (int *)xcalloc((size_t)n, sizeof(int));
+  v->score = (float *)xcalloc((size_t)n, sizeof(float));
+  rng_state = seed;
+  vocab_add(v, "<unk>", 5, 0);
+  vocab_add(v, "<s>", 3, 0);
+  vocab_add(v, "</s>", 4, 0);
+  for (i = 0; i < 256 && v->n < n; i++) {
+    snprintf(buf, sizeof buf, "<0x%02X>", i);
+    vocab_add(v, buf, 6, 0);
+  }
+  if (v->n < n) vocab_add(v, " ", 1, -1000);
+  for (i = 0; i < 26 && v->n < n; i++) {
+    buf[0] = (char)('a' + i);
+    vocab_add(v, buf, 1, (float)(-1000 - i));
+  }
+  if (v->n < n) vocab_add(v, "\xc3\xa9", 2, -1100);
+  for (i = 0; i < (int)(sizeof chosen / sizeof chosen[0]) && v->n < n; i++)
+    vocab_add(v, chosen[i], (int)strlen(chosen[i]), (float)(-10.0 * rng_unif() - 0.01 * v->n));
+  while (v->n < n) {
+    int a = 259 + rng_int(v->n - 259), b = 259 + rng_int(v->n - 259);
+    int la = v->len[a], lb = v->len[b];
+    if (++guard > 100000) {
+      fprintf(stderr, "model_check: internal error: vocabulary\n");
+      exit(2);
+    }
+    if (la + lb > 10 || v->s[a][0] == '\xc3' || v->s[b][0] == '\xc3') continue;
+    memcpy(buf, v->s[a], (size_t)la);
+    memcpy(buf + la, v->s[b], (size_t)lb);
+    if (vocab_find(v, buf, la + lb) >= 0) continue;
+    vocab_add(v, buf, la + lb, (float)(-10.0 * rng_unif() - 0.01 * v->n));
+  }
+}
+
+static void vocab_free(Vocab *v) {
+  int i;
+  for (i = 0; i < v->n; i++) free(v->s[i]);
+  free(v->s);
+  free(v->len);
+  free(v->score);
+}
+
+static unsigned char *vocab_image(const Vocab *v, size_t *len) {
+  size_t n = 4, k = 0;
+  int i;
+  unsigned char *b;
+  for (i = 0; i < v->n; i++) n += 8 + (size_t)v->len[i];
+  b = (unsigned char *)xmalloc(n);
+  put_i32(b, v->maxlen);
+  k = 4;
+  for (i = 0; i < v->n; i++) {
+    memcpy(b + k, &v->score[i], 4);
+    put_i32(b + k + 4, v->len[i]);
+    memcpy(b + k + 8, v->s[i], (size_t)v->len[i]);
+    k += 8 + (size_t)v->len[i];
+  }
+  *len = n;
+  return b;
+}
+
+static void write_vocab(const Vocab *v, const char *path) {
+  size_t n;
+  unsigned char *b = vocab_image(v, &n);
+  write_file(path, b, n);
+  free(b);
+}
+
+/* encode text with BOS; returns the count, ids in out (capacity cap) */
+static int ref_encode(const Vocab *v, const char *text, int *out, int cap) {
+  int n = 0, i;
+  const unsigned char *c = (const unsigned char *)text;
+  char buf[64];
+  out[n++] = 1;
+  if (text[0]) out[n++] = vocab_find(v, " ", 1);
+  while (*c && n < cap) {
+    int len = 1, id;
+    while (c[len] && (c[len] & 0xC0) == 0x80 && len < 4) len++;
+    id = vocab_find(v, (const char *)c, len);
+    if (id >= 0) {
+      out[n++] = id;
+    } else {
+      for (i = 0; i < len && n < cap; i++) out[n++] = c[i] + 3;
+    }
+    c += len;
+  }
+  for (;;) {
+    int best = -1, best_id = -1;
+    float best_score = -1e30f;
+    for (i = 1; i + 1 < n; i++) { /* never merges BOS */
+      int la = v->len[out[i]], lb = v->len[out[i + 1]], id;
+      if (la + lb >= (int)sizeof buf) continue;
+      memcpy(buf, v->s[out[i]], (size_t)la);
+      memcpy(buf + la, v->s[out[i + 1]], (size_t)lb);
+      id = vocab_find(v, buf, la + lb);
+      if (id >= 0 && v->score[id] > best_score) {
+        best_score = v->score[id];
+        best = i;
+        best_id = id;
+      }
+    }
+    if (best < 0) break;
+    out[best] = best_id;
+    memmove(out + best + 1, out + best + 2, (size_t)(n - best - 2) * sizeof(int));
+    n--;
+  }
+  return n;
+}
+
+/* appends the printed form of token tok (after prev) to s */
+static void ref_decode_piece(const Vocab *v, int prev, int tok, char *s, size_t cap) {
+  const char *p = v->s[tok];
+  size_t k = strlen(s);
+  unsigned int byte;
+  char one[2];
+  if (prev == 1 && p[0] == ' ') p++;
+  if (v->len[tok] == 6 && sscanf(p, "<0x%2X>", &byte) == 1 && p[5] == '>') {
+    one[0] = (char)byte;
+    one[1] = '\0';
+    p = one;
+  }
+  if (p[0] && !p[1] && !(isprint((unsigned char)p[0]) || isspace((unsigned char)p[0]))) return;
+  if (k + strlen(p) + 1 < cap) memcpy(s + k, p, strlen(p) + 1);
+}
+
+/* ------------------------------------------------------------ comparisons */
+typedef struct {
+  double maxdiff, scale;
+} Cmp;
+
+/* Parses n rows of V numbers; returns NULL or a message. */
+static const char *parse_logits(const char *text, int n, int V, double *out) {
+  static char msg[200];
+  const char *p = text;
+  int row, col;
+  for (row = 0; row < n; row++) {
+    for (col = 0; col < V; col++) {
+      char *end;
+      double x;
+      while (*p == ' ' || *p == '\t') p++;
+      if (*p == '\n' || *p == '\0') {
+        snprintf(msg, sizeof msg, "row %d has %d numbers, expected %d", row, col, V);
+        return msg;
+      }
+      x = strtod(p, &end);
+      if (end == p) {
+        snprintf(msg, sizeof msg, "row %d column %d: not a number (\"%s\")", row, col, first_line(p));
+        return msg;
+      }
+      if (!isfinite(x)) {
+        snprintf(msg, sizeof msg, "row %d column %d: %g", row, col, x);
+        return msg;
+      }
+      out[(size_t)row * (size_t)V + (size_t)col] = x;
+      p = end;
+    }
+    while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+    if (*p != '\n' && !(*p == '\0' && row == n - 1)) {
+      snprintf(msg, sizeof msg, "row %d has more than %d numbers", row, V);
+      return msg;
+    }
+    if (*p) p++;
+  }
+  while (isspace((unsigned char)*p)) p++;
+  if (*p) {
+    snprintf(msg, sizeof msg, "more than %d rows of logits on stdout", n);
+    return msg;
+  }
+  return NULL;
+}
+
+static Cmp compare(const double *a, const double *ref, size_t n) {
+  Cmp c;
+  size_t i;
+  c.maxdiff = 0;
+  c.scale = 1e-30;
+  for (i = 0; i < n; i++) {
+    double d = fabs(a[i] - ref[i]);
+    if (d > c.maxdiff || d != d) c.maxdiff = d;
+    if (fabs(ref[i]) > c.scale) c.scale = fabs(ref[i]);
+  }
+  return c;
+}
+
+static void write_ids(const char *path, const int *ids, int n) {
+  FILE *f = fopen(path, "w");
+  int i;
+  if (!f) {
+    fprintf(stderr, "model_check: cannot write %s\n", path);
+    exit(2);
+  }
+  for (i = 0; i < n; i++) fprintf(f, "%d%c", ids[i], (i % 16 == 15 || i == n - 1) ? '\n' : ' ');
+  fclose(f);
+}
+
+/* Runs --logits-tokens with extra flags; returns the logits or NULL (and
+   reports the failure under name). */
+static double *prog_logits(const char *name, const char *ck, const char *tk, const char *ids, int n,
+                           int V, const char *flags) {
+  char why[8192];
+  Run r = run_prog("'%s' -z '%s' --logits-tokens '%s' %s", ck, tk, ids, flags);
+  double *lg;
+  const char *msg;
+  if (!run_ok(&r, why, sizeof why)) {
+    report(0, name, "%s", why);
+    run_free(&r);
+    return NULL;
+  }
+  lg = (double *)xmalloc((size_t)n * (size_t)V * sizeof(double));
+  msg = parse_logits(r.out, n, V, lg);
+  if (msg) {
+    report(0, name, "%s: %s", msg, r.cmd);
+    free(lg);
+    lg = NULL;
+  }
+  run_free(&r);
+  return lg;
+}
+
+/* one logits check: the program (with flags) within tol*scale of ref;
+   returns the relative max diff (or -1 when it did not run) */
+static double check_logits(const char *name, const char *ck, const char *tk, const char *ids, int n,
+                           int V, const char *flags, const double *ref, double tol, double min_rel) {
+  double *lg = prog_logits(name, ck, tk, ids, n, V, flags);
+  Cmp c;
+  double rel;
+  if (!lg) return -1;
+  c = compare(lg, ref, (size_t)n * (size_t)V);
+  rel = c.maxdiff / c.scale;
+  if (min_rel > 0)
+    report(rel <= tol && rel >= min_rel, name,
+           "max |diff| %.3g = %.3g x scale %.3g (tolerance %.3g, and at least %.3g: the cache "
+           "dtype must change something)",
+           c.maxdiff, rel, c.scale, tol, min_rel);
+  else
+    report(rel <= tol, name, "max |diff| %.3g = %.3g x scale %.3g (tolerance %.3g)", c.maxdiff, rel,
+           c.scale, tol);
+  free(lg);
+  return rel;
+}
+
+/* ------------------------------------------------------------ self-test */
+static int self_test(void) {
+  /* hand-computed: dim 2, one head of size 2, one layer, wq=wk=wv=wo=I,
+     FFN zero, RMS weights 1, embedding rows e0=(1,0), e1=(0,1), tied */
+  Cfg c = {2, 2, 1, 1, 1, 2, 4, 1};
+  Model m;
+  int tok[2] = {0, 1}, ok = 1, i;
+  double *lg, *lg2, s = 1.0 / sqrt(0.5 + 1e-5), x0[2], x1[2], p0, p1, z, r;
+  model_gen(&m, &c, 1, 0);
+  memset(m.w, 0, m.nw * sizeof(float));
+  ((float *)m.emb)[0] = 1;
+  ((float *)m.emb)[3] = 1;
+  ((float *)m.rms_att)[0] = ((float *)m.rms_att)[1] = 1;
+  ((float *)m.rms_ffn)[0] = ((float *)m.rms_ffn)[1] = 1;
+  ((float *)m.rms_final)[0] = ((float *)m.rms_final)[1] = 1;
+  ((float *)m.wq)[0] = ((float *)m.wq)[3] = 1;
+  ((float *)m.wk)[0] = ((float *)m.wk)[3] = 1;
+  ((float *)m.wv)[0] = ((float *)m.wv)[3] = 1;
+  ((float *)m.wo)[0] = ((float *)m.wo)[3] = 1;
+  lg = ref_logits(&m, tok, 2, 0);
+  /* position 0: x = e0 + attention output (= v0 = (s,0)) */
+  x0[0] = 1 + s;
+  x0[1] = 0;
+  /* position 1: q = k1 = rot(1)(0,s) = (-s sin1, s cos1); k0 = (s,0) */
+  p0 = (-s * sin(1.0) * s) / sqrt(2.0);
+  p1 = (s * s) / sqrt(2.0);
+  z = exp(p0) + exp(p1);
+  x1[0] = exp(p0) / z * s;
+  x1[1] = 1 + exp(p1) / z * s;
+  r = 1.0 / sqrt((x0[0] * x0[0] + x0[1] * x0[1]) / 2 + 1e-5);
+  ok &= fabs(lg[0] - x0[0] * r) < 1e-12 && fabs(lg[1] - x0[1] * r) < 1e-12;
+  r = 1.0 / sqrt((x1[0] * x1[0] + x1[1] * x1[1]) / 2 + 1e-5);
+  ok &= fabs(lg[2] - x1[0] * r) < 1e-12 && fabs(lg[3] - x1[1] * r) < 1e-12;
+  report(ok, "self-test: hand-computed 2-token case", "logits %.9f %.9f / %.9f %.9f", lg[0], lg[1],
+         lg[2], lg[3]);
+  free(lg);
+  model_free(&m);
+  {
+    double v[4] = {1, 0, 1, 0};
+    rope(v, 1, 4, 3);
+    ok = fabs(v[0] - cos(3.0)) < 1e-15 && fabs(v[1] - sin(3.0)) < 1e-15 &&
+         fabs(v[2] - cos(0.03)) < 1e-15 && fabs(v[3] - sin(0.03)) < 1e-15;
+    report(ok, "self-test: RoPE pair frequencies", "(1,0,1,0) at position 3 -> %.6f %.6f %.6f %.6f", v[0],
+           v[1], v[2], v[3]);
+  }
+  {
+    /* incremental vs prefill formulations, GQA and separate classifier */
+    Cfg c2 = {24, 40, 2, 4, 2, 300, 16, 0};
+    int t[16];
+    Cmp cm;
+    model_gen(&m, &c2, 7, 0);
+    rng_state = 3;
+    for (i = 0; i < 16; i++) t[i] = rng_int(300);
+    lg = ref_logits(&m, t, 16, 0);
+    lg2 = ref_logits_prefill(&m, t, 16);
+    cm = compare(lg, lg2, (size_t)16 * 300);
+    report(cm.maxdiff / cm.scale < 1e-12, "self-test: reference incremental = prefill form",
+           "max |diff| %.3g, scale %.3g", cm.maxdiff, cm.scale);
+    free(lg);
+    free(lg2);
+    model_free(&m);
+  }
+  {
+    Vocab v;
+    int ids[64], n, k;
+    char s[256] = "";
+    vocab_gen(&v, 320, 5);
+    n = ref_encode(&v, "the cat sat \xc3\xa9\xc3\xbc", ids, 64);
+    for (k = 1; k < n; k++) ref_decode_piece(&v, ids[k - 1], ids[k], s, sizeof s);
+    /* "ü" is not in the vocabulary: two byte tokens, not printable alone */
+    report(strcmp(s, "the cat sat \xc3\xa9") == 0 && ids[0] == 1 && ids[1] == vocab_find(&v, " the", 4),
+           "self-test: reference encoder/decoder", "%d tokens, decoded \"%s\"", n, s);
+    vocab_free(&v);
+  }
+  return n_fail == 0;
+}
+
+/* ------------------------------------------------------------ model checks */
+typedef struct {
+  const char *name;
+  Cfg c;
+  int n_ids; /* tokens fed to --logits-tokens */
+} Case;
+
+/* The "broken cache" effect for these ids: min over the two variants of
+   max |variant - ref| / scale. */
+static double broken_effect(const Model *m, const int *ids, int n, const double *ref) {
+  double e = 1e30;
+  int v;
+  for (v = 1; v <= 2; v++) {
+    double *lg = ref_logits(m, ids, n, v);
+    Cmp c = compare(lg, ref, (size_t)n * (size_t)m->c.vocab);
+    if (c.maxdiff / c.scale < e) e = c.maxdiff / c.scale;
+    free(lg);
+  }
+  return e;
+}
+
+static void check_case(const Case *cs, uint64_t seed, int full) {
+  Model m;
+  Vocab v;
+  char ck[64], tk[64], ids_name[64], name[200];
+  const char *ckp, *tkp, *idp;
+  int *ids, i, V = cs->c.vocab, n = cs->n_ids;
+  double *ref, effect;
+  static const struct {
+    const char *dtype;
+    double tol;
+  } q[] = {{"f16", TOL_F16}, {"bf16", TOL_BF16}, {"int8", TOL_INT8}, {"fp8_e4m3", TOL_FP8}};
+  model_gen(&m, &cs->c, seed, 0);
+  vocab_gen(&v, V, seed + 1);
+  snprintf(ck, sizeof ck, "%s.bin", cs->name);
+  snprintf(tk, sizeof tk, "%s.tok", cs->name);
+  snprintf(ids_name, sizeof ids_name, "%s.ids", cs->name);
+  ckp = sp(ck);
+  tkp = sp(tk);
+  idp = sp(ids_name);
+  write_ckpt(&m, ckp);
+  write_vocab(&v, tkp);
+  ids = (int *)xmalloc((size_t)n * sizeof(int));
+  rng_state = seed + 2;
+  ids[0] = 1;
+  for (i = 1; i < n; i++) ids[i] = rng_int(V);
+  ids[n - 1] = V - 1; /* the largest id */
+  if (n > 3) ids[2] = 0;
+  write_ids(idp, ids, n);
+  ref = ref_logits(&m, ids, n, 0);
+  effect = broken_effect(&m, ids, n, ref);
+
+  snprintf(name, sizeof name, "%s prefill f32", cs->name);
+  check_logits(name, ckp, tkp, idp, n, V, "", ref, TOL_F32, 0);
+  snprintf(name, sizeof name, "%s token-by-token f32 (--chunk 1)", cs->name);
+  check_logits(name, ckp, tkp, idp, n, V, "--chunk 1", ref, TOL_F32, 0);
+  snprintf(name, sizeof name, "%s chunks of 5 f32", cs->name);
+  check_logits(name, ckp, tkp, idp, n, V, "--chunk 5", ref, TOL_F32, 0);
+  if (full) {
+    snprintf(name, sizeof name, "%s block size 4, chunks of 3, f32", cs->name);
+    check_logits(name, ckp, tkp, idp, n, V, "--block-size 4 --chunk 3", ref, TOL_F32, 0);
+    snprintf(name, sizeof name, "%s 2 threads f32", cs->name);
+    check_logits(name, ckp, tkp, idp, n, V, "--threads 2", ref, TOL_F32, 0);
+    snprintf(name, sizeof name, "%s --kv-dtype f32 explicit, --chunk 7", cs->name);
+    check_logits(name, ckp, tkp, idp, n, V, "--kv-dtype f32 --chunk 7", ref, TOL_F32, 0);
+    snprintf(name, sizeof name, "%s window eviction with budget >= tokens changes nothing", cs->name);
+    {
+      char fl[64];
+      snprintf(fl, sizeof fl, "--evict window:%d:2 --chunk 1", cs->c.seq_len);
+      check_logits(name, ckp, tkp, idp, n, V, fl, ref, TOL_F32, 0);
+    }
+  }
+  for (i = 0; i < (int)(sizeof q / sizeof q[0]); i++) {
+    char fl[100];
+    if (!full && i != 0 && i != 2) continue;
+    snprintf(name, sizeof name, "%s prefill kv %s", cs->name, q[i].dtype);
+    snprintf(fl, sizeof fl, "--kv-dtype %s", q[i].dtype);
+    check_logits(name, ckp, tkp, idp, n, V, fl, ref, q[i].tol, 1e-9);
+    snprintf(name, sizeof name, "%s token-by-token kv %s", cs->name, q[i].dtype);
+    snprintf(fl, sizeof fl, "--kv-dtype %s --chunk 1", q[i].dtype);
+    check_logits(name, ckp, tkp, idp, n, V, fl, ref, q[i].tol, 1e-9);
+  }
+  if (full) {
+    snprintf(name, sizeof name, "%s --k-dtype f16 --v-dtype int8, chunks of 4", cs->name);
+    check_logits(name, ckp, tkp, idp, n, V, "--k-dtype f16 --v-dtype int8 --chunk 4", ref, TOL_INT8,
+                 1e-9);
+  }
+  {
+    double tmax = TOL_FP8 > TOL_INT8 ? TOL_FP8 : TOL_INT8;
+    if (TOL_BF16 > tmax) tmax = TOL_BF16;
+    snprintf(name, sizeof name, "%s sensitivity: a broken cache exceeds every tolerance 2x", cs->name);
+    report(effect > 2 * tmax, name,
+           "a key one position off / the newest key missing moves the logits by >= %.3g x scale "
+           "(largest tolerance %.3g)",
+           effect, tmax);
+  }
+  free(ref);
+  free(ids);
+  vocab_free(&v);
+  model_free(&m);
+}
+
+/* a mixed per-layer configuration differs from both pure ones */
+static void check_layer_dtypes(uint64_t seed) {
+  Cfg c = {32, 64, 3, 4, 2, 300, 40, 1};
+  Model m;
+  Vocab v;
+  int ids[30], i, n = 30, V = 300;
+  double *a, *b, *mix, *ref;
+  const char *ck = sp("layers.bin"), *tk = sp("layers.tok"), *idp = sp("layers.ids");
+  model_gen(&m, &c, seed, 0);
+  vocab_gen(&v, V, seed + 1);
+  write_ckpt(&m, ck);
+  write_vocab(&v, tk);
+  rng_state = seed + 2;
+  for (i = 0; i < n; i++) ids[i] = rng_int(V);
+  write_ids(idp, ids, n);
+  ref = ref_logits(&m, ids, n, 0);
+  a = prog_logits("layer dtypes: all f16", ck, tk, idp, n, V, "--kv-dtype f16");
+  b = prog_logits("layer dtypes: all int8", ck, tk, idp, n, V, "--kv-dtype int8");
+  mix = prog_logits("layer dtypes: f16:1,int8,f16:1", ck, tk, idp, n, V,
+                    "--layer-dtypes f16:1,int8,f16:1");
+  if (a && b && mix) {
+    Cmp ca = compare(mix, a, (size_t)n * V), cb = compare(mix, b, (size_t)n * V),
+        cr = compare(mix, ref, (size_t)n * V);
+    report(ca.maxdiff > 0 && cb.maxdiff > 0 && cr.maxdiff / cr.scale <= TOL_INT8,
+           "layer dtypes f16:1,int8,f16:1 (3 layers)",
+           "differs from all-f16 by %.3g and from all-int8 by %.3g (both must be > 0); "
+           "from the reference by %.3g x scale (tolerance %.3g)",
+           ca.maxdiff, cb.maxdiff, cr.maxdiff / cr.scale, TOL_INT8);
+  }
+  free(a);
+  free(b);
+  free(mix);
+  free(ref);
+  vocab_free(&v);
+  model_free(&m);
+}
+
+/* ------------------------------------------------------------ --ppl */
+typedef struct {
+  double ppl, loss, kv;
+  int tokens;
+  char config[128];
+} PplLine;
+
+/* parses every "ppl P loss L tokens N kv B CONFIG" line; returns count */
+static int parse_ppl(const char *out, PplLine *pl, int max, int *loss_decimals) {
+  const char *p = out;
+  int k = 0;
+  while (*p && k < max) {
+    const char *e = strchr(p, '\n');
+    char line[512];
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len >= sizeof line) len = sizeof line - 1;
+    memcpy(line, p, len);
+    line[len] = '\0';
+    if (strncmp(line, "ppl ", 4) == 0) {
+      PplLine x;
+      memset(&x, 0, sizeof x);
+      if (sscanf(line, "ppl %lf loss %lf tokens %d kv %lf %127s", &x.ppl, &x.loss, &x.tokens, &x.kv,
+                 x.config) >= 4) {
+        if (k == 0 && loss_decimals) {
+          const char *l = strstr(line, " loss ");
+          const char *dot;
+          int dec = 0;
+          l += 6;
+          dot = strchr(l, '.');
+          if (dot && dot < strchr(l, ' '))
+            for (dot++; isdigit((unsigned char)*dot); dot++) dec++;
+          *loss_decimals = dec;
+        }
+        pl[k++] = x;
+      }
+    }
+    p = e ? e + 1 : p + len;
+  }
+  return k;
+}
+
+static void check_ppl(uint64_t seed) {
+  Cfg c = {32, 64, 2, 4, 2, 320, 32, 0};
+  Model m;
+  Vocab v;
+  int ids[100], n = 90, i, cnt, dec = 6, k;
+  double loss, tol;
+  PplLine pl[8];
+  char why[8192];
+  const char *ck = sp("ppl.bin"), *tk = sp("ppl.tok"), *idp = sp("ppl.ids");
+  Run r;
+  model_gen(&m, &c, seed, 0);
+  vocab_gen(&v, c.vocab, seed + 1);
+  write_ckpt(&m, ck);
+  write_vocab(&v, tk);
+  rng_state = seed + 2;
+  ids[0] = 1;
+  for (i = 1; i < n; i++) ids[i] = 3 + rng_int(c.vocab - 3);
+  write_ids(idp, ids, n);
+  /* 90 tokens = windows of 32, 32, 26 */
+  loss = ref_window_loss(&m, ids, n, &cnt);
+  r = run_prog("'%s' -z '%s' --ppl-tokens '%s' --kv-dtype f32,f16,int8", ck, tk, idp);
+  if (!run_ok(&r, why, sizeof why)) {
+    report(0, "--ppl-tokens (3 windows, f32,f16,int8)", "%s", why);
+  } else {
+    k = parse_ppl(r.out, pl, 8, &dec);
+    tol = 2e-5 * loss + 0.5 * pow(10.0, -dec) + 1e-9;
+    if (k != 3) {
+      report(0, "--ppl-tokens (3 windows, f32,f16,int8)",
+             "expected 3 lines \"ppl P loss L tokens N kv B CONFIG\", got %d; stdout: %s", k,
+             first_line(r.out));
+    } else {
+      report(pl[0].tokens == cnt && fabs(pl[0].loss - loss) <= tol &&
+                 fabs(log(pl[0].ppl) - pl[0].loss) <= 1e-3 * pl[0].loss + tol,
+             "--ppl-tokens f32 (windows of seq_len 32 over 90 tokens)",
+             "loss %.6f tokens %d ppl %.4f; reference loss %.6f over %d predicted tokens (tolerance %.2g)",
+             pl[0].loss, pl[0].tokens, pl[0].ppl, loss, cnt, tol);
+      report(pl[1].tokens == cnt && fabs(pl[1].loss - loss) <= 1e-2 * loss &&
+                 pl[2].tokens == cnt && fabs(pl[2].loss - loss) <= 5e-2 * loss,
+             "--ppl-tokens f16 and int8 near f32",
+             "f16 loss %.6f, int8 loss %.6f, reference %.6f (tolerances 1%% and 5%%)", pl[1].loss,
+             pl[2].loss, loss);
+      report(pl[0].kv > pl[1].kv && pl[1].kv > pl[2].kv && pl[2].kv > 0 &&
+                 pl[1].kv >= 2.0 * c.n_layers * (c.dim * c.n_kv_heads / c.n_heads) * 2,
+             "--ppl kv bytes per token: f32 > f16 > int8 > 0",
+             "%.0f %.0f %.0f (f16 at least 2 layers x K,V x kv_dim 16 x 2 bytes = %d)", pl[0].kv,
+             pl[1].kv, pl[2].kv, 2 * c.n_layers * (c.dim * c.n_kv_heads / c.n_heads) * 2);
+    }
+  }
+  run_free(&r);
+  /* --ppl on a text: the program's encoder against the reference's */
+  {
+    static const char *text = "the cat sat on the dog and the cat ate a hat \xc3\xa9t\xc3\xa9 \xc3\xbc";
+    int tid[200], tn = ref_encode(&v, text, tid, 200);
+    double tl;
+    int tc;
+    PplLine p2[2];
+    write_text(sp("ppl.txt"), text);
+    tl = ref_window_loss(&m, tid, tn, &tc);
+    r = run_prog("'%s' -z '%s' --ppl '%s'", ck, tk, sp("ppl.txt"));
+    if (!run_ok(&r, why, sizeof why)) {
+      report(0, "--ppl text (encoder)", "%s", why);
+    } else if (parse_ppl(r.out, p2, 2, &dec) < 1) {
+      report(0, "--ppl text (encoder)", "no \"ppl ...\" line; stdout: %s", first_line(r.out));
+    } else {
+      tol = 2e-5 * tl + 0.5 * pow(10.0, -dec) + 1e-9;
+      report(p2[0].tokens == tc && fabs(p2[0].loss - tl) <= tol, "--ppl text = reference encoding + loss",
+             "loss %.6f tokens %d; reference (BOS, dummy prefix, merges; %d ids) loss %.6f tokens %d",
+             p2[0].loss, p2[0].tokens, tn, tl, tc);
+    }
+    run_free(&r);
+  }
+  vocab_free(&v);
+  model_free(&m);
+}
+
+/* ------------------------------------------------------------ generation */
+/* greedy text of the reference as the program prints it; *sure = number of
+   generated tokens whose argmax margin was comfortable */
+static void ref_generate(const Model *m, const Vocab *v, const char *prompt, int steps, char *out,
+                         size_t cap, int *ambiguous_at) {
+  int toks[512], np = ref_encode(v, prompt, toks, 512), pos = 0, token = toks[0], next, i;
+  double *lg = (double *)xmalloc((size_t)m->c.vocab * sizeof(double));
+  Ref r;
+  out[0] = '\0';
+  *ambiguous_at = -1;
+  if (steps <= 0 || steps > m->c.seq_len) steps = m->c.seq_len;
+  ref_init(&r, m, 0);
+  while (pos < steps) {
+    ref_step(&r, token, lg);
+    if (pos < np - 1) {
+      next = toks[pos + 1];
+    } else {
+      double b1 = -1e300, b2 = -1e300, scale = 0;
+      next = 0;
+      for (i = 0; i < m->c.vocab; i++) {
+        if (fabs(lg[i]) > scale) scale = fabs(lg[i]);
+        if (lg[i] > b1) {
+          b2 = b1;
+          b1 = lg[i];
+          next = i;
+        } else if (lg[i] > b2) {
+          b2 = lg[i];
+        }
+      }
+      if (b1 - b2 < 1e-4 * scale && *ambiguous_at < 0) *ambiguous_at = (int)strlen(out);
+    }
+    pos++;
+    if (next == 1) break;
+    ref_decode_piece(v, token, next, out, cap);
+    token = next;
+  }
+  ref_free(&r);
+  free(lg);
+}
+
+/* strips trailing whitespace in place */
+static void rstrip(char *s) {
+  size_t n = strlen(s);
+  while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
+}
+
+static void check_generation(uint64_t seed) {
+  Cfg c = {32, 64, 2, 4, 2, 330, 48, 0};
+  static const char *prompts[] = {"the cat", "the cat sat", "the dog", "a cat on the", "hat",
+                                  "the cat sat on"};
+  enum { NP = 6, STEPS = 20 };
+  Model m;
+  Vocab v;
+  const char *ck = sp("gen.bin"), *tk = sp("gen.tok");
+  char *single[NP], why[8192], name[200];
+  int i;
+  Run r;
+  model_gen(&m, &c, seed, 1);
+  vocab_gen(&v, c.vocab, seed + 1);
+  write_ckpt(&m, ck);
+  write_vocab(&v, tk);
+  for (i = 0; i < NP; i++) {
+    char text[2048];
+    int amb;
+    single[i] = NULL;
+    ref_generate(&m, &v, prompts[i], STEPS, text, sizeof text, &amb);
+    r = run_prog("'%s' -z '%s' -t 0 -n %d -i '%s'", ck, tk, STEPS, prompts[i]);
+    snprintf(name, sizeof name, "greedy -i \"%s\" -n %d = reference", prompts[i], STEPS);
+    if (!run_ok(&r, why, sizeof why)) {
+      report(0, name, "%s", why);
+    } else {
+      rstrip(r.out);
+      if (amb >= 0) {
+        text[amb] = '\0';
+        note("reference argmax nearly tied after \"%s\": comparing that prefix only", text);
+        report(strncmp(r.out, text, strlen(text)) == 0, name, "program \"%s\", reference prefix \"%s\"",
+               r.out, text);
+      } else {
+        report(strcmp(r.out, text) == 0, name, "program \"%s\", reference \"%s\"", r.out, text);
+      }
+      single[i] = r.out;
+      r.out = NULL;
+    }
+    run_free(&r);
+  }
+  /* --serve: the same prompts in one run */
+  {
+    char buf[1024] = "";
+    for (i = 0; i < NP; i++) {
+      strcat(buf, prompts[i]);
+      strcat(buf, "\n");
+    }
+    write_text(sp("serve.txt"), buf);
+    r = run_prog("'%s' -z '%s' -t 0 -n %d --serve '%s'", ck, tk, STEPS, sp("serve.txt"));
+    if (!run_ok(&r, why, sizeof why)) {
+      report(0, "--serve of 6 prompts", "%s", why);
+    } else {
+      for (i = 0; i < NP; i++) {
+        char tag[32], *p, *e, got[2048];
+        size_t len;
+        snprintf(tag, sizeof tag, "[request %d] ", i);
+        snprintf(name, sizeof name, "--serve request %d = -i \"%s\" run alone", i, prompts[i]);
+        p = strstr(r.out, tag);
+        if (!p) {
+          report(0, name, "no line starting \"%s\" on stdout: %s", tag, first_line(r.out));
+          continue;
+        }
+        p += strlen(tag);
+        e = strchr(p, '\n');
+        len = e ? (size_t)(e - p) : strlen(p);
+        if (len >= sizeof got) len = sizeof got - 1;
+        memcpy(got, p, len);
+        got[len] = '\0';
+        rstrip(got);
+        report(single[i] && strcmp(got, single[i]) == 0, name, "serve \"%s\", alone \"%s\"", got,
+               single[i] ? single[i] : "(failed)");
+      }
+    }
+    run_free(&r);
+  }
+  for (i = 0; i < NP; i++) free(single[i]);
+  vocab_free(&v);
+  model_free(&m);
+}
+
+/* ------------------------------------------------------------ bad input */
+/* expects exit status 1, a message on stderr (naming `mention` if given),
+   no signal, no sanitizer report */
+static void expect_error(const char *name, const char *mention, const char *fmt, ...) {
+  char args[3000];
+  va_list ap;
+  Run r;
+  int ok;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  r = run_prog("%s", args);
+  ok = r.code == 1 && !r.signal && r.err[0] && !has_sanitizer_report(r.err);
+  if (ok && mention && !strstr(r.err, mention)) {
+    report(0, name, "stderr does not name \"%s\": %s", mention, first_line(r.err));
+  } else if (ok) {
+    report(1, name, "exit 1: %s", first_line(r.err));
+  } else if (r.signal) {
+    report(0, name, "killed by signal %d: %s", r.signal, r.cmd);
+  } else if (has_sanitizer_report(r.err)) {
+    const char *s = strstr(r.err, "ERROR: ");
+    if (!s) s = strstr(r.err, "runtime error:");
+    report(0, name, "sanitizer report (%s): %s", first_line(s ? s : r.err), r.cmd);
+  } else {
+    report(0, name, "exit status %d, stderr \"%s\" (want 1 and a message): %s", r.code,
+           first_line(r.err), r.cmd);
+  }
+  run_free(&r);
+}
+
+static void put_hdr(unsigned char *b, int d, int h, int l, int nh, int kv, int V, int s) {
+  put_i32(b, d);
+  put_i32(b + 4, h);
+  put_i32(b + 8, l);
+  put_i32(b + 12, nh);
+  put_i32(b + 16, kv);
+  put_i32(b + 20, V);
+  put_i32(b + 24, s);
+}
+
+static void check_bad_input(uint64_t seed) {
+  Cfg c = {24, 48, 2, 4, 2, 300, 32, 0};
+  Model m;
+  Vocab v;
+  unsigned char *img, *timg;
+  size_t len, tlen;
+  const char *ck = sp("ok.bin"), *tk = sp("ok.tok"), *idp = sp("ok.ids"), *bad = sp("bad.bin"),
+             *badt = sp("bad.tok"), *badi = sp("bad.ids");
+  char name[200];
+  int i;
+  static const double cuts[] = {0, 0.1, 0.5, 0.9, 0.999};
+  model_gen(&m, &c, seed, 0);
+  vocab_gen(&v, c.vocab, seed + 1);
+  write_ckpt(&m, ck);
+  write_vocab(&v, tk);
+  write_text(idp, "1 5 9 299\n");
+  img = ckpt_image(&m, &len);
+  timg = vocab_image(&v, &tlen);
+  {
+    /* the good files work (else every error below would prove nothing) */
+    char why[8192];
+    Run r = run_prog("'%s' -z '%s' --logits-tokens '%s'", ck, tk, idp);
+    report(run_ok(&r, why, sizeof why), "bad input: the unmodified files work", "%s",
+           run_ok(&r, why, sizeof why) ? "exit 0" : why);
+    run_free(&r);
+  }
+  /* truncated checkpoints */
+  write_file(bad, img, 0);
+  expect_error("bad checkpoint: empty file", bad, "'%s' -z '%s' --logits-tokens '%s'", bad, tk, idp);
+  for (i = 0; i < 4; i++) {
+    size_t cut = (size_t)i * 9;
+    write_file(bad, img, cut);
+    snprintf(name, sizeof name, "bad checkpoint: header cut at %lu bytes", (unsigned long)cut);
+    expect_error(name, bad, "'%s' -z '%s' --logits-tokens '%s'", bad, tk, idp);
+  }
+  for (i = 0; i < (int)(sizeof cuts / sizeof cuts[0]); i++) {
+    size_t cut = 28 + (size_t)(cuts[i] * (double)(len - 28));
+    if (i == 4) cut = len - 1;
+    write_file(bad, img, cut);
+    snprintf(name, sizeof name, "bad checkpoint: truncated to %lu of %lu bytes", (unsigned long)cut,
+             (unsigned long)len);
+    expect_error(name, bad, "'%s' -z '%s' --logits-tokens '%s'", bad, tk, idp);
+  }
+  {
+    /* longer than the header implies */
+    unsigned char *big = (unsigned char *)xcalloc(len + 64, 1);
+    memcpy(big, img, len);
+    write_file(bad, big, len + 4);
+    expect_error("bad checkpoint: 4 bytes longer than the header implies", bad,
+                 "'%s' -z '%s' --logits-tokens '%s'", bad, tk, idp);
+    free(big);
+  }
+  {
+    /* header fields: zero, negative, inconsistent, huge (the file body is
+       the good one's, so only the header is wrong) */
+    static const struct {
+      const char *what;
+      int f[7];
+    } h[] = {
+        {"dim 0", {0, 48, 2, 4, 2, -300, 32}},
+        {"hidden_dim 0", {24, 0, 2, 4, 2, -300, 32}},
+        {"n_layers 0", {24, 48, 0, 4, 2, -300, 32}},
+        {"n_layers -1", {24, 48, -1, 4, 2, -300, 32}},
+        {"n_heads 0", {24, 48, 2, 0, 2, -300, 32}},
+        {"n_kv_heads 0", {24, 48, 2, 4, 0, -300, 32}},
+        {"n_kv_heads -2", {24, 48, 2, 4, -2, -300, 32}},
+        {"vocab_size 0", {24, 48, 2, 4, 2, 0, 32}},
+        {"seq_len 0", {24, 48, 2, 4, 2, -300, 0}},
+        {"seq_len -32", {24, 48, 2, 4, 2, -300, -32}},
+        {"dim -24", {-24, 48, 2, 4, 2, -300, 32}},
+        {"dim not divisible by n_heads (24/5)", {24, 48, 2, 5, 5, -300, 32}},
+        {"n_heads not divisible by n_kv_heads (4/3)", {24, 48, 2, 4, 3, -300, 32}},
+        {"n_kv_heads > n_heads (4/8)", {24, 48, 2, 4, 8, -300, 32}},
+        {"odd head size (dim 24, 8 heads: 3)", {24, 48, 2, 8, 8, -300, 32}},
+        {"dim 1<<30", {1 << 30, 48, 2, 4, 2, -300, 32}},
+        {"hidden_dim 1<<30", {24, 1 << 30, 2, 4, 2, -300, 32}},
+        {"n_layers 1<<30", {24, 48, 1 << 30, 4, 2, -300, 32}},
+        {"vocab_size -(1<<30)", {24, 48, 2, 4, 2, -(1 << 30), 32}},
+        {"vocab_size INT_MIN", {24, 48, 2, 4, 2, (-2147483647 - 1), 32}},
+        {"seq_len 1<<30", {24, 48, 2, 4, 2, -300, 1 << 30}},
+        {"seq_len INT_MAX", {24, 48, 2, 4, 2, -300, 2147483647}},
+        {"dim and hidden 65536 (size overflow bait)", {65536, 65536, 2, 4, 2, -300, 32}},
+        {"all fields INT_MAX", {2147483647, 2147483647, 2147483647, 2147483647, 2147483647, 2147483647,
+                                2147483647}},
+        {"tied classifier declared, file has a separate one", {24, 48, 2, 4, 2, 300, 32}},
+    };
+    unsigned char *b = (unsigned char *)xmalloc(len);
+    memcpy(b, img, len);
+    for (i = 0; i < (int)(sizeof h / sizeof h[0]); i++) {
+      put_hdr(b, h[i].f[0], h[i].f[1], h[i].f[2], h[i].f[3], h[i].f[4], h[i].f[5], h[i].f[6]);
+      write_file(bad, b, len);
+      snprintf(name, sizeof name, "bad checkpoint header: %s", h[i].what);
+      expect_error(name, bad, "'%s' -z '%s' --logits-tokens '%s'", bad, tk, idp);
+    }
+    free(b);
+  }
+  expect_error("missing checkpoint file", sp("no-such.bin"), "'%s' -z '%s' --logits-tokens '%s'",
+               sp("no-such.bin"), tk, idp);
+  expect_error("checkpoint is a directory", NULL, "'%s' -z '%s' --logits-tokens '%s'", SCRATCH, tk,
+               idp);
+
+  /* tokenizers (with generation, which needs one) */
+  expect_error("missing tokenizer", sp("no-such.tok"), "'%s' -z '%s' -t 0 -n 4 -i 'the cat'", ck,
+               sp("no-such.tok"));
+  {
+    static const double tcuts[] = {0, 2, 4, 10, 0.5, 0.999};
+    for (i = 0; i < (int)(sizeof tcuts / sizeof tcuts[0]); i++) {
+      size_t cut = tcuts[i] < 1 ? (size_t)(tcuts[i] * (double)tlen) : (size_t)tcuts[i];
+      if (i == 5) cut = tlen - 1;
+      if (i == 0) cut = 0;
+      write_file(badt, timg, cut);
+      snprintf(name, sizeof name, "bad tokenizer: truncated to %lu of %lu bytes", (unsigned long)cut,
+               (unsigned long)tlen);
+      expect_error(name, badt, "'%s' -z '%s' -t 0 -n 4 -i 'the cat'", ck, badt);
+    }
+  }
+  {
+    /* fewer tokens than vocab_size: a complete file of 299 tokens */
+    Vocab v2;
+    vocab_gen(&v2, c.vocab - 1, seed + 1);
+    write_vocab(&v2, badt);
+    expect_error("bad tokenizer: 299 tokens for vocab_size 300", badt, "'%s' -z '%s' -t 0 -n 4 -i 'the cat'",
+                 ck, badt);
+    vocab_free(&v2);
+  }
+  {
+    /* token lengths: the first byte token's length field is at 4 + 3 tokens */
+    unsigned char *b = (unsigned char *)xmalloc(tlen);
+    size_t off = 4 + (8 + 5) + (8 + 3) + (8 + 4) + 4; /* length field of id 3 */
+    static const struct {
+      const char *what;
+      int32_t val;
+    } L[] = {{"token length 0", 0},
+             {"token length -1", -1},
+             {"token length INT_MIN", (-2147483647 - 1)},
+             {"token length > max_token_length", 0},
+             {"token length 1<<30", 1 << 30}};
+    for (i = 0; i < (int)(sizeof L / sizeof L[0]); i++) {
+      memcpy(b, timg, tlen);
+      put_i32(b + off, i == 3 ? v.maxlen + 1 : L[i].val);
+      write_file(badt, b, tlen);
+      snprintf(name, sizeof name, "bad tokenizer: %s", L[i].what);
+      expect_error(name, badt, "'%s' -z '%s' -t 0 -n 4 -i 'the cat'", ck, badt);
+    }
+    memcpy(b, timg, tlen);
+    put_i32(b, 0);
+    write_file(badt, b, tlen);
+    expect_error("bad tokenizer: max_token_length 0", badt, "'%s' -z '%s' -t 0 -n 4 -i 'the cat'", ck,
+                 badt);
+    put_i32(b, -5);
+    write_file(badt, b, tlen);
+    expect_error("bad tokenizer: max_token_length -5", badt, "'%s' -z '%s' -t 0 -n 4 -i 'the cat'", ck,
+                 badt);
+    free(b);
+  }
+
+  /* flags */
+  expect_error("unknown flag --bogus", "--bogus", "'%s' -z '%s' --bogus 1", ck, tk);
+  expect_error("-t abc", "-t", "'%s' -z '%s' -t abc -i 'the cat'", ck, tk);
+  expect_error("-t without a value", "-t", "'%s' -z '%s' -t", ck, tk);
+  expect_error("-n abc", "-n", "'%s' -z '%s' -n abc -i 'the cat'", ck, tk);
+  expect_error("-p 0.9x", "-p", "'%s' -z '%s' -p 0.9x -i 'the cat'", ck, tk);
+  expect_error("-m foo", "-m", "'%s' -z '%s' -m foo -i 'the cat'", ck, tk);
+  expect_error("--kv-dtype int3", "int3", "'%s' -z '%s' --kv-dtype int3 --logits-tokens '%s'", ck, tk,
+               idp);
+  expect_error("--kv-dtype f16,int3 (list)", "int3",
+               "'%s' -z '%s' --kv-dtype f16,int3 --ppl-tokens '%s'", ck, tk, idp);
+  expect_error("--k-dtype nope", "nope", "'%s' -z '%s' --k-dtype nope --logits-tokens '%s'", ck, tk, idp);
+  expect_error("--block-size 0", "--block-size", "'%s' -z '%s' --block-size 0 --logits-tokens '%s'", ck,
+               tk, idp);
+  expect_error("--block-size -4", "--block-size", "'%s' -z '%s' --block-size -4 --logits-tokens '%s'",
+               ck, tk, idp);
+  expect_error("--threads x", "--threads", "'%s' -z '%s' --threads x --logits-tokens '%s'", ck, tk, idp);
+  expect_error("--chunk 0", "--chunk", "'%s' -z '%s' --chunk 0 --logits-tokens '%s'", ck, tk, idp);
+  expect_error("--evict sideways:4", "sideways", "'%s' -z '%s' --evict sideways:4 --logits-tokens '%s'",
+               ck, tk, idp);
+  expect_error("--evict window:abc", "--evict", "'%s' -z '%s' --evict window:abc --logits-tokens '%s'", ck,
+               tk, idp);
+  expect_error("--layer-dtypes f16:x", "--layer-dtypes",
+               "'%s' -z '%s' --layer-dtypes f16:x --logits-tokens '%s'", ck, tk, idp);
+  expect_error("--layer-dtypes int3", "int3", "'%s' -z '%s' --layer-dtypes int3 --logits-tokens '%s'",
+               ck, tk, idp);
+  expect_error("no checkpoint argument", NULL, "");
+
+  /* token ids and input files */
+  write_text(badi, "1 5 300\n");
+  expect_error("token id = vocab_size in --logits-tokens", badi, "'%s' -z '%s' --logits-tokens '%s'", ck,
+               tk, badi);
+  write_text(badi, "1 -1 5\n");
+  expect_error("token id -1 in --logits-tokens", badi, "'%s' -z '%s' --logits-tokens '%s'", ck, tk, badi);
+  write_text(badi, "1 5 seven\n");
+  expect_error("non-numeric token id in --logits-tokens", badi, "'%s' -z '%s' --logits-tokens '%s'", ck,
+               tk, badi);
+  write_text(badi, "1 5 99999999999999999999\n");
+  expect_error("token id overflowing int in --logits-tokens", badi, "'%s' -z '%s' --logits-tokens '%s'",
+               ck, tk, badi);
+  write_text(badi, "1 5 300 7\n");
+  expect_error("token id = vocab_size in --ppl-tokens", badi, "'%s' -z '%s' --ppl-tokens '%s'", ck, tk,
+               badi);
+  expect_error("missing --logits-tokens file", sp("no-such.ids"), "'%s' -z '%s' --logits-tokens '%s'", ck,
+               tk, sp("no-such.ids"));
+  expect_error("missing --ppl file", sp("no-such.txt"), "'%s' -z '%s' --ppl '%s'", ck, tk,
+               sp("no-such.txt"));
+  expect_error("missing --serve file", sp("no-such.txt"), "'%s' -z '%s' --serve '%s'", ck, tk,
+               sp("no-such.txt"));
+  {
+    /* more ids than seq_len (32): not specified as an error, but no crash */
+    char why[8192], buf[1200] = "";
+    Run r;
+    for (i = 0; i < 40; i++) {
+      char t[8];
+      snprintf(t, sizeof t, "%d ", 3 + i);
+      strcat(buf, t);
+    }
+    write_text(badi, buf);
+    r = run_prog("'%s' -z '%s' --logits-tokens '%s'", ck, tk, badi);
+    report((r.code == 0 || r.code == 1) && !r.signal && !has_sanitizer_report(r.err) &&
+               (r.code == 0 || r.err[0]),
+           "40 ids for seq_len 32: exit 0 or a clean error",
+           r.code == 0 ? "exit 0" : (r.code == 1 ? first_line(r.err) : (run_ok(&r, why, sizeof why), why)));
+    run_free(&r);
+  }
+  free(img);
+  free(timg);
+  vocab_free(&v);
+  model_free(&m);
+}
+
+/* ------------------------------------------------------------ trained model */
+static void check_trained(const char *dir) {
+  char mp[1024], tp[1024], rp[1024], hp[1024], hip[1024], why[8192];
+  char *text, *p;
+  int *ids = NULL, n = 0, cap = 0, rows, V = 0, i;
+  double *ref = NULL;
+  size_t nref = 0, capref = 0;
+  Run r;
+  snprintf(mp, sizeof mp, "%s/model.bin", dir);
+  snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
+  snprintf(rp, sizeof rp, "%s/ref_logits.txt", dir);
+  snprintf(hp, sizeof hp, "%s/heldout.txt", dir);
+  snprintf(hip, sizeof hip, "%s/heldout.ids", dir);
+  if (!file_exists(mp) || !file_exists(tp) || !file_exists(rp)) {
+    note("trained model: skipped (%s, %s or %s does not exist)", mp, tp, rp);
+    return;
+  }
+  text = read_file(rp, NULL);
+  if (!text) {
+    report(0, "trained model: ref_logits.txt", "cannot read %s", rp);
+    return;
+  }
+  /* first non-comment line: ids; then one line of logits per position */
+  rows = -1;
+  for (p = text; *p;) {
+    char *e = strchr(p, '\n'), *q;
+    if (e) *e = '\0';
+    if (p[0] != '#' && p[strspn(p, " \t\r")] != '\0') {
+      if (rows < 0) {
+        long x;
+        for (q = p;;) {
+          char *end;
+          x = strtol(q, &end, 10);
+          if (end == q) break;
+          if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            ids = (int *)realloc(ids, (size_t)cap * sizeof(int));
+            if (!ids) exit(2);
+          }
+          ids[n++] = (int)x;
+          q = end;
+        }
+        rows = 0;
+      } else {
+        int cols = 0;
+        for (q = p;;) {
+          char *end;
+          double x = strtod(q, &end);
+          if (end == q) break;
+          if (nref == capref) {
+            capref = capref ? 2 * capref : 65536;
+            ref = (double *)realloc(ref, capref * sizeof(double));
+            if (!ref) exit(2);
+          }
+          ref[nref++] = x;
+          cols++;
+          q = end;
+        }
+        if (rows == 0) V = cols;
+        if (cols != V) {
+          report(0, "trained model: ref_logits.txt", "row %d has %d numbers, row 0 has %d", rows, cols, V);
+          free(text);
+          free(ids);
+          free(ref);
+          return;
+        }
+        rows++;
+      }
+    }
+    if (!e) break;
+    p = e + 1;
+  }
+  free(text);
+  if (n == 0 || rows != n) {
+    report(0, "trained model: ref_logits.txt", "%d ids but %d rows of logits", n, rows);
+    free(ids);
+    free(ref);
+    return;
+  }
+  write_ids(sp("trained.ids"), ids, n);
+  {
+    double *lg = prog_logits("trained model logits", mp, tp, sp("trained.ids"), n, V, "");
+    if (lg) {
+      Cmp c = compare(lg, ref, (size_t)n * (size_t)V);
+      report(c.maxdiff <= TOL_TRAINED, "trained model logits = ref_logits.txt",
+             "%d positions x %d logits, max |diff| %.3g (tolerance %.3g absolute; logits scale %.3g)", n, V,
+             c.maxdiff, TOL_TRAINED, c.scale);
+      free(lg);
+    }
+    if (!quick) {
+      lg = prog_logits("trained model logits token by token", mp, tp, sp("trained.ids"), n, V,
+                       "--chunk 1");
+      if (lg) {
+        Cmp c = compare(lg, ref, (size_t)n * (size_t)V);
+        report(c.maxdiff <= TOL_TRAINED, "trained model logits token by token = ref_logits.txt",
+               "max |diff| %.3g (tolerance %.3g)", c.maxdiff, TOL_TRAINED);
+        free(lg);
+      }
+    }
+  }
+  free(ids);
+  free(ref);
+  if (!file_exists(hp) || !file_exists(hip)) {
+    note("trained model held-out text: skipped (%s or %s does not exist)", hp, hip);
+    return;
+  }
+  if (quick) {
+    note("trained model held-out --ppl: skipped in --quick mode");
+    return;
+  }
+  {
+    PplLine a[2], b[2];
+    int ka = 0, kb = 0;
+    r = run_prog("'%s' -z '%s' --ppl '%s'", mp, tp, hp);
+    if (!run_ok(&r, why, sizeof why))
+      report(0, "trained model --ppl heldout.txt", "%s", why);
+    else
+      ka = parse_ppl(r.out, a, 2, NULL);
+    run_free(&r);
+    r = run_prog("'%s' -z '%s' --ppl-tokens '%s'", mp, tp, hip);
+    if (!run_ok(&r, why, sizeof why))
+      report(0, "trained model --ppl-tokens heldout.ids", "%s", why);
+    else
+      kb = parse_ppl(r.out, b, 2, NULL);
+    run_free(&r);
+    if (ka >= 1 && kb >= 1)
+      report(a[0].tokens == b[0].tokens && fabs(a[0].loss - b[0].loss) <= 1e-6,
+             "trained model: --ppl heldout.txt = --ppl-tokens heldout.ids (the encoder matches the trainer's)",
+             "text: loss %.6f over %d tokens; ids: loss %.6f over %d tokens", a[0].loss, a[0].tokens,
+             b[0].loss, b[0].tokens);
+    else
+      report(0, "trained model held-out --ppl", "no \"ppl ...\" line from one of the two runs");
+  }
+  (void)i;
+}
+
+/* ------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+  const char *model_dir = "bench/model";
+  int ai = 1, self_only = 0;
+  while (ai < argc && argv[ai][0] == '-' && argv[ai][1] == '-') {
+    if (strcmp(argv[ai], "--quick") == 0)
+      quick = 1;
+    else if (strcmp(argv[ai], "--self-test") == 0)
+      self_only = 1;
+    else {
+      fprintf(stderr, "model_check: unknown option %s\n", argv[ai]);
+      return 2;
+    }
+    ai++;
+  }
+  if (!self_only && argc - ai < 2) {
+    fprintf(stderr,
+            "usage: model_check [--quick] [--self-test] KVATTN_RUN SCRATCH_DIR [MODEL_DIR]\n"
+            "  writes random checkpoints into SCRATCH_DIR and checks KVATTN_RUN against a\n"
+            "  double-precision reference; MODEL_DIR (default bench/model) may hold a trained\n"
+            "  model.bin, tokenizer.bin, ref_logits.txt (and heldout.txt, heldout.ids)\n"
+            "  --self-test: only the reference's own checks (no program needed)\n");
+    return 2;
+  }
+  if (!self_test()) {
+    printf("model_check: the reference failed its self-test\n");
+  }
+  if (self_only) {
+    printf("model_check: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+  }
+  RUN_BIN = argv[ai];
+  SCRATCH = argv[ai + 1];
+  if (argc - ai > 2) model_dir = argv[ai + 2];
+  if (strchr(RUN_BIN, '\'') || strchr(SCRATCH, '\'')) {
+    fprintf(stderr, "model_check: paths with a ' are not supported\n");
+    return 2;
+  }
+  mkdir(SCRATCH, 0777);
+  if (!file_exists(RUN_BIN)) {
+    fprintf(stderr, "model_check: %s does not exist (build it first)\n", RUN_BIN);
+    return 2;
+  }
+  {
+    static const Case cases[] = {
+        {"gqa-4-2-tied-hs8", {32, 64, 2, 4, 2, 320, 48, 1}, 40},
+        {"mha-4-4-sep-hs12", {48, 96, 3, 4, 4, 350, 64, 0}, 64},
+        {"mqa-4-1-sep-hs6", {24, 40, 2, 4, 1, 300, 32, 0}, 29},
+        {"gqa-8-2-tied-hs2", {16, 32, 1, 8, 2, 280, 32, 1}, 17},
+        {"gqa-6-3-sep-hs16-l3", {96, 80, 3, 6, 3, 400, 40, 0}, 37},
+    };
+    int k;
+    for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+      if (quick && k >= 3) break;
+      check_case(&cases[k], 1000u + 17u * (unsigned)k, !quick || k == 0);
+    }
+  }
+  check_layer_dtypes(2000);
+  check_ppl(3000);
+  check_generation(4000);
+  check_bad_input(5000);
+  check_trained(model_dir);
+  printf("model_check: %d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}
