@@ -431,6 +431,106 @@ s_bench_smoke() {
     x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null
 }
 
+# ---- consumers: kvattn used from another project, as users get it: installed
+# (CMake package, pkg-config) and as a CMake subproject.  tests/consumer/
+# checks that it got the header the build system promised (version, include
+# directory), OpenMP as asked, and a small cache's results (C and C++).
+
+# an absolute path (the consumer builds run from other directories)
+abs_path() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+
+# the version in kvattn.h, read here independently of the Makefile and CMakeLists.txt
+header_version() { sed -n 's/^#define KVATTN_VERSION_STRING "\([^"]*\)".*/\1/p' kvattn.h; }
+
+# make install / uninstall from a clean environment (no variables of an outer make)
+make_clean_env() { x env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL "${MAKE:-make}" --no-print-directory "$@"; }
+
+# cmake_consumer BUILDDIR CMAKE_ARGS...: configure, build and run tests/consumer
+CONSUMER_WARN='-Wall -Wextra -Werror'
+cmake_consumer() {
+    local d=$1
+    shift
+    x cmake -S tests/consumer -B "$d" -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
+        -DCMAKE_C_FLAGS="$CONSUMER_WARN" -DCMAKE_CXX_FLAGS="$CONSUMER_WARN" \
+        -DKVATTN_EXPECT_VERSION="$(header_version)" "$@" &&
+        x cmake --build "$d" &&
+        run "$d/consumer_c" && run "$d/consumer_cpp"
+}
+
+# make install into a staged prefix (DESTDIR, so the package must find its
+# header relative to itself), cmake --install must write the same files, a
+# consumer finds the package (without, and with the OpenMP component), and
+# make uninstall leaves no file behind.
+s_consumer_cmake_installed() {
+    local d prefix=/opt/kvattn left
+    d=$(abs_path "$B/consumer-cmake-installed")
+    need_header || return 1
+    rm -rf "$d" && mkdir -p "$d" || return 1
+    make_clean_env install DESTDIR="$d/stage" PREFIX="$prefix" || return 1
+    x find "$d/stage" -type f
+    echo "== cmake --install must write the same files"
+    x cmake -S . -B "$d/top" -DCMAKE_C_COMPILER="$CC" -DCMAKE_INSTALL_PREFIX="$prefix" \
+        -DCMAKE_INSTALL_LIBDIR=lib &&
+        x env DESTDIR="$d/cstage" cmake --install "$d/top" &&
+        x diff -r "$d/stage" "$d/cstage" || return 1
+    echo "== find_package(kvattn) from the make install tree"
+    cmake_consumer "$d/consumer" -DKVATTN_CONSUMER=package -DCMAKE_PREFIX_PATH="$d/stage$prefix" \
+        -DKVATTN_EXPECT_INCLUDEDIR="$d/stage$prefix/include" || return 1
+    echo "== find_package(kvattn COMPONENTS OpenMP) from the cmake --install tree"
+    cmake_consumer "$d/consumer-omp" -DKVATTN_CONSUMER=package -DKVATTN_OPENMP=ON \
+        -DCMAKE_PREFIX_PATH="$d/cstage$prefix" -DKVATTN_EXPECT_INCLUDEDIR="$d/cstage$prefix/include" || return 1
+    echo "== make uninstall"
+    make_clean_env uninstall DESTDIR="$d/stage" PREFIX="$prefix" || return 1
+    left=$(find "$d/stage" -type f)
+    if [ -n "$left" ]; then
+        echo "*** make uninstall left files behind:"
+        echo "$left"
+        return 1
+    fi
+    echo "no file left: ok"
+}
+
+# add_subdirectory(kvattn) with KVATTN_OPENMP=ON, and FetchContent without
+s_consumer_cmake_subdir() {
+    local d src
+    d=$(abs_path "$B/consumer-cmake-subdir")
+    src=$(abs_path .)
+    need_header || return 1
+    rm -rf "$d" && mkdir -p "$d" || return 1
+    echo "== add_subdirectory, KVATTN_OPENMP=ON"
+    cmake_consumer "$d/subdir" -DKVATTN_CONSUMER=subdir -DKVATTN_SOURCE_DIR="$src" -DKVATTN_OPENMP=ON \
+        -DKVATTN_EXPECT_INCLUDEDIR="$src" || return 1
+    echo "== FetchContent"
+    cmake_consumer "$d/fetch" -DKVATTN_CONSUMER=fetch -DKVATTN_SOURCE_DIR="$src" \
+        -DKVATTN_EXPECT_INCLUDEDIR="$src"
+}
+
+# make install PREFIX=..., then the consumer built with pkg-config's flags alone
+s_consumer_pkgconfig() {
+    local d got want
+    d=$(abs_path "$B/consumer-pkgconfig")
+    need_header || return 1
+    rm -rf "$d" && mkdir -p "$d" || return 1
+    make_clean_env install PREFIX="$d/prefix" || return 1
+    export PKG_CONFIG_PATH=$d/prefix/lib/pkgconfig
+    echo "PKG_CONFIG_PATH=$PKG_CONFIG_PATH"
+    want=$(header_version)
+    got=$(pkg-config --modversion kvattn) || return 1
+    [ "$got" = "$want" ] || { echo "*** pkg-config --modversion kvattn: '$got', kvattn.h says '$want'"; return 1; }
+    got=$(pkg-config --variable=includedir kvattn)
+    [ "$got" = "$d/prefix/include" ] ||
+        { echo "*** pkg-config's includedir is '$got', expected $d/prefix/include"; return 1; }
+    echo "pkg-config: kvattn $want, $(pkg-config --cflags --libs kvattn)"
+    # shellcheck disable=SC2046,SC2086  # pkg-config's output and CONSUMER_WARN are word lists
+    x "$CC" -std=c99 -O2 $CONSUMER_WARN $(pkg-config --cflags kvattn) -DKVATTN_PKG_VERSION="\"$want\"" \
+        -DKVATTN_EXPECT_OPENMP=0 tests/consumer/main.c -o "$d/consumer_c" $(pkg-config --libs kvattn) &&
+        run "$d/consumer_c" &&
+        x "$CXX" -std=c++11 -O2 -fopenmp $CONSUMER_WARN $(pkg-config --cflags kvattn) \
+            -DKVATTN_PKG_VERSION="\"$want\"" -DKVATTN_EXPECT_OPENMP=1 tests/consumer/main.cpp \
+            -o "$d/consumer_cpp" $(pkg-config --libs kvattn) &&
+        run env OMP_NUM_THREADS=2 "$d/consumer_cpp"
+}
+
 # examples/kvattn_run.c (the llama2.c-format inference program) against
 # tests/model_check.c's double-precision reference: random GQA/MHA/MQA
 # checkpoints, quantized caches, --serve, --ppl, bad input, and the trained
@@ -508,7 +608,7 @@ weight() {
     case $1 in
         asan-ubsan* | model-asan) echo 4 ;;
         warnings-*) echo 3 ;;
-        cxx | neon | openmp | native | avx2 | avx512 | scalar) echo 2 ;;
+        cxx | neon | openmp | native | avx2 | avx512 | scalar | consumer-cmake-*) echo 2 ;;
         *) echo 1 ;;
     esac
 }
@@ -604,6 +704,18 @@ fi
 step no-openmp s_no_openmp
 step simd-select s_simd_select
 step two-tu s_two_tu
+if have cmake; then
+    step consumer-cmake-installed s_consumer_cmake_installed
+    step consumer-cmake-subdir s_consumer_cmake_subdir
+else
+    skip consumer-cmake-installed "cmake not found: install cmake"
+    skip consumer-cmake-subdir "cmake not found: install cmake"
+fi
+if have pkg-config; then
+    step consumer-pkgconfig s_consumer_pkgconfig
+else
+    skip consumer-pkgconfig "pkg-config not found: install pkg-config"
+fi
 if [ "$HOST" = aarch64 ] || { have "$AARCH64_CC" && have "$QEMU_AARCH64"; }; then
     step neon s_neon
 else

@@ -24,7 +24,7 @@ static int ck_failures = 0;
 static int consumer_check(const char *lang) {
   enum { G = 2, H = 4, D = 8, N = 6 };
   float k[N][G][D], v[N][G][D], q[H][D], out[H][D], out2[H][D], ref[H][D], rk[G][D], rv[G][D];
-  int32_t pos = -1;
+  int32_t pos[G] = {-1, -1};
   kva_cache_desc cd;
   kva_attn a;
   kva_cache *c = NULL;
@@ -64,8 +64,8 @@ static int consumer_check(const char *lang) {
   CK(kva_seq_append(c, seq, N) == KVA_OK, "kva_seq_append");
   CK(kva_seq_len(c, seq) == N, "kva_seq_len after appending N tokens");
   CK(kva_store(c, seq, 0, &k[0][0][0], &v[0][0][0], N) == KVA_OK, "kva_store");
-  CK(kva_seq_read(c, seq, 0, 5, &rk[0][0], &rv[0][0], &pos) == KVA_OK, "kva_seq_read");
-  CK(pos == 5 && memcmp(rk, k[5], sizeof rk) == 0 && memcmp(rv, v[5], sizeof rv) == 0,
+  CK(kva_seq_read(c, seq, 0, 5, &rk[0][0], &rv[0][0], pos) == KVA_OK, "kva_seq_read");
+  CK(pos[0] == 5 && pos[1] == 5 && memcmp(rk, k[5], sizeof rk) == 0 && memcmp(rv, v[5], sizeof rv) == 0,
      "slot 5 reads back what was stored (F32 cache)");
 
   /* the newest token's query over all N keys, from the cache and from plain arrays */
