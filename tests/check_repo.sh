@@ -4,8 +4,9 @@
 #
 # (a) References: every text file of the repository (git ls-files, tracked or
 #     new but not ignored; every file under ROOT outside .git/ and build/ when
-#     ROOT is not a git checkout; binary files such as bench/model/*.bin are
-#     skipped) is searched for references to things a reader of the
+#     ROOT is not a git checkout; binary files such as bench/model/*.bin and
+#     data that is not prose - the corpora, token ids and tables under
+#     bench/model/, *.csv, *.tsv, *.ids - are skipped) is searched for references to things a reader of the
 #     repository cannot open:
 #       - machine paths: /work/, /home/, /root/, /Users/, /mnt/, ../shared,
 #         and /tmp/ (a program that needs scratch space writes under
@@ -23,6 +24,9 @@
 #     without a double underscore, and the fields of every public struct)
 #     must appear in docs/API.md as a word; and every kva_* / KVA_* /
 #     KVATTN_* name that docs/API.md mentions must exist in kvattn.h.
+# (c) The examples of docs/API.md run: every ```c block whose first line is
+#     #include "kvattn.h" is a whole program; each is built with $CC (cc)
+#     -std=c99 -pedantic -Wall -Wextra -Werror and must exit 0.
 #
 # Prints every finding as FILE:LINE: what: the text, then a summary line.
 # Exit status 0 when nothing was found, 1 otherwise, 2 on a usage error.
@@ -50,11 +54,13 @@ else
 fi
 text=()
 n_bin=0
+n_data=0
 for f in "${files[@]}"; do
     [ -f "$f" ] || continue # deleted in the work tree, not yet committed
     [ "$f" = "$SELF" ] && continue
     case $f in
         *.bin | *.png | *.jpg | *.gz | *.tar | *.zip) n_bin=$((n_bin + 1)); continue ;;
+        bench/model/*.txt | *.csv | *.tsv | *.ids) n_data=$((n_data + 1)); continue ;;
     esac
     if [ -s "$f" ] && ! grep -Iq . "$f"; then # grep -I: a file with NUL bytes is binary
         n_bin=$((n_bin + 1))
@@ -62,7 +68,7 @@ for f in "${files[@]}"; do
     fi
     text+=("$f")
 done
-echo "check_repo: ${#text[@]} text files ($how; $n_bin binary skipped)"
+echo "check_repo: ${#text[@]} text files ($how; $n_bin binary and $n_data data files skipped)"
 
 # ------------------------------------------------------- (a) references
 # hit FILE EXTENDED-REGEX WHAT [grep options]: report every matching line
@@ -204,6 +210,38 @@ else
         fi
     done < <(grep -ohE '\b(kva_[a-z0-9_]*[a-z0-9]|KVA(TTN)?_[A-Z0-9_]*[A-Z0-9])\b' "$DOC" | grep -v '__' | sort -u)
     echo "check_repo: $DOC: ${#names[@]} public names of $HEADER checked, $missing missing; $stale unknown name(s) in $DOC"
+fi
+
+# ------------------------------------------- (c) docs/API.md's examples run
+if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
+    cc=${CC:-cc}
+    if ! command -v "$cc" >/dev/null 2>&1; then
+        say "$DOC: cannot build its examples: no C compiler ($cc; set CC)"
+    else
+        work=$(mktemp -d "${TMPDIR:-/tmp}/kvattn_check.XXXXXX") || exit 2
+        trap 'rm -rf "$work"' EXIT
+        n_ex=0
+        while IFS=: read -r i start; do
+            n_ex=$((n_ex + 1))
+            src=$work/example_$i.c
+            if ! "$cc" -std=c99 -pedantic -Wall -Wextra -Werror -I. "$src" -o "$work/example_$i" -lm \
+                >"$work/log" 2>&1; then
+                say "$DOC:$start: the example starting here does not build with $cc:"
+                sed 's/^/    /' "$work/log" | head -n 20
+            elif ! (cd "$work" && timeout 60 "./example_$i") >"$work/log" 2>&1; then
+                say "$DOC:$start: the example starting here exits with a failure:"
+                sed 's/^/    /' "$work/log" | head -n 20
+            fi
+        done < <(awk -v dir="$work" '
+            /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
+            inb && /^```$/ {
+                inb = 0
+                if (keep) { n++; f = dir "/example_" n ".c"; printf "%s", buf > f; close(f); print n ":" start }
+                keep = 0; next
+            }
+            inb { if (first) { keep = ($0 == "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$DOC")
+        echo "check_repo: $DOC: $n_ex example(s) built and run with $cc"
+    fi
 fi
 
 if [ "$bad" -gt 0 ]; then
