@@ -12,8 +12,10 @@
    C99, the C standard library only, optional OpenMP. Every function is
    `KVA_API` (default `static inline`): include the header and call it.
 
-   The public contract is API.md in the project; everything whose name
-   starts with `kva__` is internal and may change.
+   The reference for engine authors is docs/API.md in the repository (every
+   function, status, field, default, threading and allocation rule, with
+   examples); everything whose name starts with `kva__` or `KVA__` is
+   internal and may change.
 
    Example: a decode step of one GQA layer
    ---------------------------------------
@@ -48,10 +50,13 @@
    KVATTN_NO_OPENMP     ignore OpenMP even when compiled with -fopenmp.
    KVA_API              linkage of every function (default static inline).
 
-   Threads: a call on one cache is serialised by the caller; inside a call
-   the library uses OpenMP (`n_threads`, 0 = OpenMP's default). Results are
-   bit-identical for any thread count. No function keeps mutable state
-   outside the structs passed to it; nothing prints, aborts or exits.
+   Threads: calls on one cache are serialised by the caller (all of them,
+   kva_attend_cache on different sequences too: they share the cache's
+   split-K scratch); calls on different caches, and calls that take no cache,
+   may run concurrently. Inside a call the library uses OpenMP (`n_threads`,
+   0 = OpenMP's default). Results are bit-identical for any thread count.
+   No function keeps mutable state outside the structs passed to it;
+   nothing prints, aborts or exits.
 
    License: MIT (at the end of this file).
 */
@@ -1916,7 +1921,7 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   return KVA_OK;
 }
 
-/* Scaled dot-product attention on plain float arrays (see API.md).
+/* Scaled dot-product attention on plain float arrays (docs/API.md).
    out must not overlap q, k or v. */
 KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const int32_t *q_pos, const float *k,
                               const float *v, int n_kv, const int32_t *kv_pos, float *out, float *lse) {
@@ -2055,7 +2060,7 @@ typedef struct {
   size_t bytes_meta;    /* bookkeeping: tables, positions, sequence records */
   long tokens_held;     /* sum of kva_seq_len over live sequences */
   long prefix_queries, prefix_hits; /* tokens asked for / tokens reused by kva_seq_new_prefix */
-  /* beyond the contract: */
+  /* occupancy and event counters: */
   long token_slots;     /* token slots in the used blocks (blocks_used * block_size): */
                         /* tokens_held / token_slots is the occupancy (shared blocks count once) */
   long cow_copies;      /* blocks copied because an append wrote into a shared block */
@@ -2086,7 +2091,7 @@ typedef struct {
   int32_t *table;   /* [max_table] block ids */
 } kva__seq;
 
-typedef struct kva_cache kva_cache; /* members are not part of the contract */
+typedef struct kva_cache kva_cache; /* opaque: its members are not part of the API */
 typedef struct kva_batch kva_batch; /* a batched-attention plan (kva_batch_plan) */
 
 /* Per block bookkeeping. A block is in at most one list: the free list
@@ -3290,7 +3295,8 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
    over that cache with queries [W_UK[h]^T q_nope[h] | q_pe[h]]; the naive
    path rebuilds every head's K and V from the latents (the reference, and
    the cheaper form for long prefill chunks). d_rope 0 without w_kr is the
-   seed write-up's simplified module (no position information at all).
+   common simplified sketch of MLA (c = W_dkv x, K = W_uk c, V = W_uv c, and
+   a k_rope computed but never used): no position information at all.
    ====================================================================== */
 
 typedef struct {
