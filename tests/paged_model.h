@@ -1,6 +1,7 @@
 /* paged_model.h - a shadow model of kvattn's paged KV cache, for the
  * randomized differential tests (test_paged.c, test_paged_weak.c) and the
- * libFuzzer harness (fuzz_paged.c).  Written from /work/shared/API.md.
+ * libFuzzer harness (fuzz_paged.c).  Written from the documented behaviour
+ * (docs/API.md), not from kvattn.h's code.
  *
  * Include it after kvattn.h (a translation unit may define
  * KVATTN_TEST_WEAK_HASH before kvattn.h: everything here is static inline, so

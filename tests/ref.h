@@ -1,7 +1,7 @@
 /* ref.h - the independent double-precision reference for the kvattn tests.
  *
- * Written from /work/shared/API.md, not from kvattn.h: plain loops in double,
- * obvious rather than fast.  Everything is `static inline` so several
+ * Written from the documented behaviour (docs/API.md), not from kvattn.h's
+ * code: plain loops in double, obvious rather than fast.  Everything is `static inline` so several
  * translation units may include it.  The only thing taken from kvattn.h is
  * the kva_attn struct, read by ref_cfg() to resolve the contract's defaults.
  *
@@ -115,7 +115,7 @@ static inline ref_attn_cfg ref_cfg(const kva_attn *a) {
   return c;
 }
 
-/* Key at kp visible to a query at qp (API.md "Positions"). */
+/* Key at kp visible to a query at qp (docs/API.md, "Conventions": positions). */
 static inline int ref_visible(const ref_attn_cfg *c, int32_t qp, int32_t kp) {
   if (kp > qp) return 0;
   if (c->window <= 0) return 1;

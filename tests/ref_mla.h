@@ -1,8 +1,8 @@
 /* ref_mla.h - an independent double-precision reference of DeepSeek's MLA
  * (multi-head latent attention, DeepSeek-V2/V3) for the kvattn tests.
  *
- * Written from /work/shared/FACTS.md (MLA section) and API.md
- * (kva_mla_layer), not from kvattn.h: the textbook "naive" form, plain loops
+ * Written from the MLA equations of the DeepSeek-V2 paper (DeepSeek-AI 2024,
+ * section 2.1) and docs/API.md (kva_mla_layer), not from kvattn.h: the textbook "naive" form, plain loops
  * in double.  The reference keeps the full history of a sequence's inputs x
  * and, on every call, recomputes every cached token's latent, key and value
  * from scratch.  Nothing of kvattn.h is used except the kva_mla_layer struct
@@ -33,10 +33,10 @@
  * saturating), before anything uses them, as a cache that keeps them in that
  * type must.
  *
- * Also here: ref_seed_* - a literal transcription of the seed write-up's
- * simplified MultiHeadLatentAttention (nn.Linear everywhere, c_kv cached raw,
+ * Also here: ref_sketch_* - a literal transcription of a common simplified
+ * MultiHeadLatentAttention sketch (nn.Linear everywhere, c_kv cached raw,
  * W_uk/W_uv up-projections, scale 1/sqrt(d_k), a k_rope that is computed and
- * cached but never used) with an optional causal mask (the seed has none).
+ * cached but never used) with an optional causal mask (the sketch has none).
  */
 #ifndef KVATTN_TEST_REF_MLA_H
 #define KVATTN_TEST_REF_MLA_H
@@ -273,22 +273,22 @@ static inline void ref_mla_forward_masked(ref_mla_seq *s, const float *x, int n_
 }
 
 /* ------------------------------------------------------------------------ */
-/* The seed write-up's MultiHeadLatentAttention, transcribed (batch 1):
+/* The simplified MultiHeadLatentAttention sketch, transcribed (batch 1):
  *   q = W_q(x).view(T, H, d_k); c_kv = W_dkv(x); k_rope = W_kr(x)
  *   cache = cat(cache, (c_kv, k_rope))
  *   k = W_uk(c_kv_all).view(S, H, d_k); v = W_uv(c_kv_all).view(S, H, d_k)
- *   attn = softmax(q·kᵀ / sqrt(d_k)) (no mask in the seed); out = W_o(attn·v)
+ *   attn = softmax(q·kᵀ / sqrt(d_k)) (no mask in the sketch); out = W_o(attn·v)
  * Every nn.Linear has a bias; d_model = H·d_k; W_o is [d_model][d_model].
- * k_rope is computed and cached and never used, exactly as in the seed.    */
+ * k_rope is computed and cached and never used, exactly as in the sketch.  */
 typedef struct {
   int d_model, n_heads, d_k, d_latent, rope_dim;
   const float *W_q, *b_q, *W_dkv, *b_dkv, *W_uk, *b_uk, *W_uv, *b_uv, *W_kr, *b_kr, *W_o, *b_o;
   int n, cap;
   double *c_kv;    /* [cap][d_latent] */
   double *k_rope;  /* [cap][rope_dim] (never read) */
-} ref_seed_mla;
+} ref_sketch_mla;
 
-static inline void ref_seed_alloc(ref_seed_mla *m, int cap) {
+static inline void ref_sketch_alloc(ref_sketch_mla *m, int cap) {
   m->n = 0;
   m->cap = cap;
   m->c_kv = (double *)malloc(sizeof(double) * (size_t)cap * m->d_latent);
@@ -296,14 +296,14 @@ static inline void ref_seed_alloc(ref_seed_mla *m, int cap) {
   if (!m->c_kv || !m->k_rope) abort();
 }
 
-static inline void ref_seed_free(ref_seed_mla *m) {
+static inline void ref_sketch_free(ref_sketch_mla *m) {
   free(m->c_kv);
   free(m->k_rope);
   m->c_kv = m->k_rope = NULL;
 }
 
-/* x [T][d_model] -> y [T][d_model]; causal 0 is the seed as written. */
-static inline void ref_seed_forward(ref_seed_mla *m, const float *x, int T, int causal, double *y) {
+/* x [T][d_model] -> y [T][d_model]; causal 0 is the sketch as written. */
+static inline void ref_sketch_forward(ref_sketch_mla *m, const float *x, int T, int causal, double *y) {
   int d = m->d_model, H = m->n_heads, dk = m->d_k, dl = m->d_latent, S, t, h, j, i;
   double *xd, *q, *k, *v, *att, *o;
   if (m->n + T > m->cap) abort();

@@ -14,7 +14,7 @@
  * by 1e-3 or more.  Queries that see nothing must give exact zeros and
  * lse == -INFINITY.
  *
- * Also: decode (n_q == 1) must never call KVATTN_MALLOC (API.md), so this
+ * Also: decode (n_q == 1) must never call KVATTN_MALLOC (docs/API.md), so this
  * file counts KVATTN_MALLOC/KVATTN_FREE calls; larger calls must free what
  * they take. */
 #include <stdlib.h>

@@ -21,7 +21,7 @@
  *    lse on/off, windows and sinks, explicit positions (early queries, reversed
  *    and shuffled keys) so that whole splits see no key, soft-cap, large
  *    scores; n_threads 1 and 2 bit-identical; decode (n_q == 1) never calls
- *    KVATTN_MALLOC (API.md), every allocation is freed.  Then the paged cache
+ *    KVATTN_MALLOC (docs/API.md), every allocation is freed.  Then the paged cache
  *    (F32/F16/BF16/INT8, sequences of thousands of tokens, odd block sizes).
  * B. kva_merge_lse: random key sets split in two (cut points incl. empty
  *    halves, random and interleaved masks), each half attended with
@@ -213,7 +213,7 @@ static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
   st = kva_attend(&a, q, n_q, qp, k, v, n_kv, kp, o1, tc->want_lse ? l1 : NULL);
   KT_CHECK(st == KVA_OK, "kva_attend returned %d (%s)", (int)st, shape);
   if (n_q == 1)
-    KT_CHECK(kb_mallocs == m0, "decode (n_q == 1) called KVATTN_MALLOC %ld times; API.md: decode never "
+    KT_CHECK(kb_mallocs == m0, "decode (n_q == 1) called KVATTN_MALLOC %ld times; docs/API.md: decode never "
              "allocates (%s)", kb_mallocs - m0, shape);
   KT_CHECK(kb_mallocs - m0 == kb_frees - f0, "kva_attend took %ld blocks, freed %ld (%s)", kb_mallocs - m0,
            kb_frees - f0, shape);

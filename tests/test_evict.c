@@ -1,6 +1,7 @@
 /* test_evict.c - eviction (KVA_EVICT_WINDOW with sinks, KVA_EVICT_H2O).
  *
- * Written from /work/shared/API.md and FACTS.md.  An independent model keeps,
+ * Written from the documented behaviour (docs/API.md, "Eviction"), not from
+ * kvattn.h's code.  An independent model keeps,
  * per (layer, KV head), the held positions and (for H2O) the accumulated
  * attention of every token, computed in double from the K/V the test stored
  * and the queries it passed; after every step the held set read back through

@@ -1,6 +1,7 @@
 /* test_mla.c - kva_mla_forward (DeepSeek-V2/V3 multi-head latent attention)
  * against ref_mla.h, the independent fp64 reference, and against a literal
- * transcription of the seed write-up's simplified module (d_rope = 0).
+ * transcription of a common simplified MLA sketch (d_rope = 0: a k_rope that
+ * is computed and never used).
  *
  * Both paths (naive = 0 absorbed, naive = 1 rebuild) run every scenario on
  * their own sequence of one cache (absorbed on layer 1, naive on layer 0),
@@ -505,7 +506,7 @@ static void test_mla_fixed(kt_rng *r) {
   c.bias = 1;
   run_scenario(r, &c, 16, KVA_F32, CH_PRE, NCH(CH_PRE), "rope off");
 
-  kt_begin("mla: d_rope 0, w_kr NULL (the seed's simplified MLA)");
+  kt_begin("mla: d_rope 0, w_kr NULL (the simplified sketch of MLA)");
   cfg_init(&c, 64, 4, 32, 16, 0, 16);
   c.theta = 0.0f; /* nothing to rotate: the rope descriptor is empty too */
   c.bias = 1;
@@ -514,8 +515,8 @@ static void test_mla_fixed(kt_rng *r) {
   c.kv_norm = 0;
   run_scenario(r, &c, 16, KVA_F32, CH_BLK, NCH(CH_BLK), "d_rope 0 plain");
   {
-    /* d_rope 0 with a RoPE descriptor still set (theta 1e4): API.md does not
-       say; there is nothing to rotate.  Accept a rejection, but an accepted
+    /* d_rope 0 with a RoPE descriptor still set (theta 1e4): there is
+       nothing to rotate (docs/API.md checks rope only when d_rope > 0).  Accept a rejection, but an accepted
        call must be the same function. */
     mla_model m;
     kva_cache_desc d;
@@ -556,7 +557,7 @@ static void test_mla_fixed(kt_rng *r) {
     KT_STATUS(kva_seq_append(cc, s, 2), KVA_OK);
     kt_fill(r, x, 2 * 64, -1.7f, 1.7f);
     st = kva_mla_forward(&m.L, cc, s, 0, x, 2, y);
-    /* API.md calls q_norm the gain; kvattn.h documents NULL as gain 1.  Accept a
+    /* q_norm is the gain; docs/API.md documents NULL as gain 1.  Accept a
        rejection, but an accepted NULL must mean gain 1. */
     KT_CHECK(st == KVA_OK || st == KVA_ERR_ARG, "q_norm NULL: status %d", (int)st);
     q_norm_null_status = (int)st;
@@ -622,14 +623,14 @@ static void test_mla_random(kt_rng *r, int n) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* The seed's module: d_rope 0, no kv_norm, every nn.Linear with a bias,
+/* The simplified sketch: d_rope 0, no kv_norm, every nn.Linear with a bias,
    scale 1/sqrt(d_k) (the default 1/sqrt(d_nope + 0)).  Its k_rope (rope_dim
    4 here) is computed and cached by the transcription and never used.     */
 
-static void test_mla_seed(kt_rng *r) {
+static void test_mla_sketch(kt_rng *r) {
   enum { D = 32, H = 4, DK = 8, DL = 12, RD = 4, CAP = 16 };
   static const int steps[] = {5, 1, 1, 3, 1};
-  ref_seed_mla sc, sn; /* causal (the intended module) and the seed as written */
+  ref_sketch_mla sc, sn; /* causal (the intended module) and the sketch as written */
   kva_mla_layer L;
   kva_cache_desc d;
   kva_cache *c = NULL;
@@ -644,7 +645,7 @@ static void test_mla_seed(kt_rng *r) {
   float *W_kr = rand_w(r, RD, D, 1.0f), *b_kr = rand_v(r, RD, -0.5f, 0.5f);
   float *W_o = rand_w(r, D, D, 1.0f), *b_o = rand_v(r, D, -0.5f, 0.5f);
 
-  kt_begin("mla: the seed's simplified module is d_rope 0");
+  kt_begin("mla: the simplified sketch of MLA is d_rope 0");
   memset(&sc, 0, sizeof sc);
   sc.d_model = D;
   sc.n_heads = H;
@@ -664,8 +665,8 @@ static void test_mla_seed(kt_rng *r) {
   sc.W_o = W_o;
   sc.b_o = b_o;
   sn = sc;
-  ref_seed_alloc(&sc, CAP);
-  ref_seed_alloc(&sn, CAP);
+  ref_sketch_alloc(&sc, CAP);
+  ref_sketch_alloc(&sn, CAP);
 
   memset(&L, 0, sizeof L);
   L.d_model = D;
@@ -701,36 +702,36 @@ static void test_mla_seed(kt_rng *r) {
     KT_STATUS(kva_mla_forward(&L, c, sa, 0, x, n, ya), KVA_OK);
     L.naive = 1;
     KT_STATUS(kva_mla_forward(&L, c, sb, 0, x, n, yb), KVA_OK);
-    ref_seed_forward(&sc, x, n, 1, yr);
-    ref_seed_forward(&sn, x, n, 0, ynm);
-    check_y(ya, yr, ny, MLA_TOL_F32, REF_MLA_STORE_EXACT, "seed (causal)", "absorbed", i);
-    check_y(yb, yr, ny, MLA_TOL_F32, REF_MLA_STORE_EXACT, "seed (causal)", "naive", i);
-    if (n == 1) { /* a decode step: the seed's missing mask changes nothing */
-      check_y(ya, ynm, ny, MLA_TOL_F32, REF_MLA_STORE_EXACT, "seed as written", "absorbed", i);
-    } else { /* a chunk: the seed lets earlier tokens see later ones */
+    ref_sketch_forward(&sc, x, n, 1, yr);
+    ref_sketch_forward(&sn, x, n, 0, ynm);
+    check_y(ya, yr, ny, MLA_TOL_F32, REF_MLA_STORE_EXACT, "sketch (causal)", "absorbed", i);
+    check_y(yb, yr, ny, MLA_TOL_F32, REF_MLA_STORE_EXACT, "sketch (causal)", "naive", i);
+    if (n == 1) { /* a decode step: the sketch's missing mask changes nothing */
+      check_y(ya, ynm, ny, MLA_TOL_F32, REF_MLA_STORE_EXACT, "sketch as written", "absorbed", i);
+    } else { /* a chunk: the sketch lets earlier tokens see later ones */
       double diff = 0.0, M = ref_max_abs_d(yr, ny);
       size_t k;
       for (k = 0; k < (size_t)(n - 1) * D; k++)
         if (fabs(yr[k] - ynm[k]) > diff) diff = fabs(yr[k] - ynm[k]);
-      KT_CHECK(diff > 1e-2 * M, "seed without mask should differ on a chunk (diff %.3g)", diff);
+      KT_CHECK(diff > 1e-2 * M, "sketch without mask should differ on a chunk (diff %.3g)", diff);
     }
   }
-  /* the cache holds the seed's raw c_kv (no norm, no rope part) */
+  /* the cache holds the sketch's raw c_kv (no norm, no rope part) */
   for (pass = 0; pass < sc.n; pass++) {
     float k[DL + 1];
     int32_t p = -1;
     size_t w;
     k[DL] = KT_SENTINEL;
     KT_STATUS(kva_seq_read(c, sa, 0, pass, k, NULL, &p), KVA_OK);
-    KT_CHECK(p == pass && kt_f2u(k[DL]) == kt_f2u(KT_SENTINEL), "seed slot %d: pos %d", pass, (int)p);
+    KT_CHECK(p == pass && kt_f2u(k[DL]) == kt_f2u(KT_SENTINEL), "sketch slot %d: pos %d", pass, (int)p);
     KT_CHECK(ref_max_err(k, sc.c_kv + (size_t)pass * DL, DL, &w) <=
                  MLA_LAT_TOL(ref_max_abs_d(sc.c_kv + (size_t)pass * DL, DL)),
-             "seed slot %d: c_kv[%lu] = %.9g vs %.9g", pass, (unsigned long)w, (double)k[w],
+             "sketch slot %d: c_kv[%lu] = %.9g vs %.9g", pass, (unsigned long)w, (double)k[w],
              sc.c_kv[(size_t)pass * DL + w]);
   }
   kva_cache_destroy(c);
-  ref_seed_free(&sc);
-  ref_seed_free(&sn);
+  ref_sketch_free(&sc);
+  ref_sketch_free(&sn);
   free(W_q); free(b_q); free(W_dkv); free(b_dkv); free(W_uk); free(b_uk);
   free(W_uv); free(b_uv); free(W_kr); free(b_kr); free(W_o); free(b_o);
 }
@@ -864,7 +865,7 @@ static void test_mla_fork(kt_rng *r) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* INT8 / FP8 latent storage (the quantization issue's extension).
+/* INT8 / FP8 latent storage.
  *  - FP8 (E4M3 scale 1/16, E5M2 scale 1/4: powers of two, so x / scale and
  *    x · (1/scale) are the same number): the reference stores
  *    fp8(v / scale) · scale with its own OCP rounding, so both sides attend
@@ -874,8 +875,8 @@ static void test_mla_fork(kt_rng *r) {
  *    which covers one such step (a 6-12 % change of one latent value moves
  *    one token's scores by ~1e-2); measured 2-5e-7 M, and 2.9e-4 M for the
  *    one flip seen in 400 seeds.
- *  - INT8 (symmetric, the scale is the library's; API.md: one per token per
- *    KV head or finer groups): against the unquantized reference, each value
+ *  - INT8 (symmetric, the scale is the library's; docs/API.md: one per token
+ *    per KV head, for a latent cache one per whole latent row): against the unquantized reference, each value
  *    within amax/254 of its vector; outputs within 6e-2 M (measured: median
  *    1e-2 M, worst 2.4e-2 M over 400 seeds).
  *  - Both paths read the same stored numbers: they agree to the F32 bound. */
@@ -912,7 +913,7 @@ static void quant_case(kt_rng *r, kva_dtype dt, float k_scale, const char *label
   d.k_scale = k_scale; /* the latent cache has one vector (header: "LATENT uses k_scale") */
   st = kva_cache_create(&d, &c);
   if (dt != KVA_INT8) {
-    /* API.md does not say whether a latent FP8 cache needs v_scale: accept either */
+    /* docs/API.md: a latent FP8 cache uses k_scale only; still accept either */
     KT_CHECK(st == KVA_OK || st == KVA_ERR_ARG, "%s: create with k_scale only = %d", label, (int)st);
     fp8_kscale_only_status = (int)st;
   }
@@ -1206,9 +1207,9 @@ static void test_mla_bytes(void) {
   v2 = bpt(KVA_CACHE_LATENT, 60, 1, 576, 512, KVA_F16);
   v3 = bpt(KVA_CACHE_LATENT, 61, 1, 576, 512, KVA_F16);
   one = bpt(KVA_CACHE_LATENT, 1, 1, 576, 512, KVA_F16);
-  KT_CHECK(v2 == 69120, "DeepSeek-V2 (60 layers): %lu bytes per token, FACTS.md says 69,120",
+  KT_CHECK(v2 == 69120, "DeepSeek-V2 (60 layers, 512 + 64 latent values; DeepSeek-V2 paper): %lu bytes per token, expected 69,120",
            (unsigned long)v2);
-  KT_CHECK(v3 == 70272, "DeepSeek-V3 (61 layers): %lu bytes per token, FACTS.md says 70,272",
+  KT_CHECK(v3 == 70272, "DeepSeek-V3 (61 layers; DeepSeek-V3 report): %lu bytes per token, expected 70,272",
            (unsigned long)v3);
   KT_CHECK(one == 1152, "one layer: %lu bytes (576 F16 values = 1152)", (unsigned long)one);
   KT_CHECK(bpt(KVA_CACHE_LATENT, 1, 1, 576, 512, KVA_DTYPE_DEFAULT) == 1152, "DEFAULT dtype");
@@ -1218,7 +1219,7 @@ static void test_mla_bytes(void) {
   /* MHA with the same heads: 2 x 128 x 128 values per layer */
   mha = bpt(KVA_CACHE_KV, 1, 128, 128, 0, KVA_F16);
   KT_CHECK(mha == 65536, "MHA 128 heads x 128: %lu bytes per token per layer", (unsigned long)mha);
-  KT_CHECK(one * 56 < mha && mha < one * 57, "ratio %.2f, FACTS.md says 56.9x",
+  KT_CHECK(one * 56 < mha && mha < one * 57, "ratio %.2f, expected 32768 / 576 = 56.9x",
            (double)mha / (double)one);
   KT_CHECK(bpt(KVA_CACHE_LATENT, 1, 1, 576, 577, KVA_F16) == 0, "latent v_dim > head_dim is invalid");
   {
@@ -1484,7 +1485,7 @@ void test_mla(void) {
   test_mla_args(&r);
   test_mla_fixed(&r);
   test_mla_random(&r, kt_iters(24));
-  test_mla_seed(&r);
+  test_mla_sketch(&r);
   test_mla_order(&r);
   test_mla_fork(&r);
   test_mla_prefix(&r);

@@ -1,7 +1,7 @@
 /* test_numerics.c - F16 and BF16 conversions against ref.h's encoder/decoder.
  *
- * API.md: "Conversions round to nearest, ties to even. F16 and BF16 behave as
- * IEEE (and numpy/PyTorch): overflow gives ±Inf, NaN stays NaN."
+ * docs/API.md: conversions round to nearest, ties to even; F16 and BF16 behave
+ * as IEEE 754 (and numpy/PyTorch): overflow gives ±Inf, NaN stays NaN.
  * Every check here is exact (bit patterns), there is no tolerance.  The
  * reference encoder is itself checked against the hand-derived expectations
  * (ties to the even neighbour) so the two cannot agree on a shared mistake. */

@@ -1,4 +1,4 @@
-/* test_paged.c - the paged block manager (issue 5, item 7).
+/* test_paged.c - the paged block manager.
  *
  *  - a randomized differential test against the shadow model in paged_model.h
  *    (new, append incl. 0 and pool-exhausting sizes, store, fork, free,

@@ -1,7 +1,7 @@
 /* test_quant.c - FP8 conversions and the quantized cache dtypes (INT8, FP8 E4M3 / E5M2).
  *
- * The FP8 reference below is written from the OCP 8-bit floating point spec
- * (rev 1.0) as /work/shared/FACTS.md states it, not from kvattn.h:
+ * The FP8 reference below is written from the OCP 8-bit floating point
+ * specification (OFP8, rev 1.0), not from kvattn.h:
  *   E4M3FN: bias 7, max 448 (S.1111.110), subnormals m/8 * 2^-6, NaN only S.1111.111, no Inf.
  *   E5M2:   bias 15, max 57344, subnormals m/4 * 2^-14, +-Inf S.11111.00, NaN otherwise.
  * Decoding follows the bit fields; encoding searches the sorted table of the
@@ -19,7 +19,7 @@
  *  - cache dtypes INT8 / FP8_E4M3 / FP8_E5M2 (and F16/BF16/F32 mixed in via
  *    v_dtype and layer_dtype), KVA_CACHE_KV and KVA_CACHE_LATENT:
  *      read-back: FP8 == fp8(x * (1.0f/scale)) * scale exactly (x / scale also
- *      accepted, API.md allows either); F16/BF16 == ref.h's rounding; F32 exact;
+ *      accepted: the two differ by at most one float rounding); F16/BF16 == ref.h's rounding; F32 exact;
  *      INT8 |r - x| <= 0.5 * s * (1 + 1e-6) + 3e-7 * |x| with s = max|x| / 127
  *      over the token-head vector (the second term covers float rounding of the
  *      scale and of code * scale, ~ 127 * 2^-23 * s: far below one step);
@@ -200,7 +200,7 @@ static void q8_test_encode(const q8_fmt *f, q8_enc_fn enc, kt_rng *r) {
   int n_grid = kt_quick ? (1 << 15) : (1 << 17);
   float special[12];
 
-  /* table sanity: strictly increasing, the facts' figures */
+  /* table sanity: strictly increasing, the spec's maxima (448, 57344) */
   for (c = 1; c <= f->max_code; c++)
     KT_CHECK(f->mag[c] > f->mag[c - 1], "%s reference table not increasing at %d", f->name, c);
   KT_CHECK(f->maxv == (f->fn ? 448.0 : 57344.0), "%s reference max %.9g", f->name, f->maxv);
@@ -365,7 +365,7 @@ static const char *qc_tname(kva_dtype t) {
   return "?";
 }
 
-/* storage types of layer l as API.md defines them */
+/* storage types of layer l as docs/API.md defines them */
 static void qc_layer_types(const kva_cache_desc *d, int l, kva_dtype *kt, kva_dtype *vt) {
   kva_dtype k = d->layer_dtype ? d->layer_dtype[l] : d->dtype;
   kva_dtype v = d->layer_dtype ? d->layer_dtype[l] : d->v_dtype;

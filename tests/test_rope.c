@@ -3,9 +3,9 @@
  * Tolerance: |x' - ref| <= 2e-6 * (1 + max|x|) on the rotated values, and the
  * values past `dim` must be bit-identical.  The library rotates floats with
  * cos/sin of a double angle: a few float roundings, ~3e-7 relative (measured
- * worst: 0.02 of the tolerance).  API.md
- * requires the angles pos * inv_freq in double ("in float they are off by
- * about 1e-3 rad at position 32768"), and defines inv_freq[i] =
+ * worst: 0.02 of the tolerance).  docs/API.md states that the angles
+ * pos * inv_freq are computed in double (in float they are off by about
+ * 1e-3 rad at position 32768), and defines inv_freq[i] =
  * theta^(-2i/dim): positions here go up to ~131072, where an angle (or an
  * inv_freq) rounded to float is off by 1e-3..1e-2 rad, 500x the tolerance. */
 #include "kvattn.h"
