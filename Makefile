@@ -5,7 +5,7 @@
 #                    "N passed, N failed", exits non-zero if a step failed.
 #                    MATRIX_STEPS='native asan*' runs only matching steps,
 #                    JOBS=1 runs one step at a time.
-#   make bench       build/kvattn_bench from bench/kvattn_bench.c, run with BENCH_ARGS
+#   make bench       build/kvattn_bench from bench/*.c, run with BENCH_ARGS
 #   make plot        bench --csv into $(BENCH_CSV), then gnuplot bench/plot.gp
 #   make examples    every examples/*.c into build/examples/
 #   make fuzz        every tests/fuzz_*.c with libFuzzer for FUZZ_SECONDS each
@@ -67,10 +67,24 @@ $(BUILD) $(BUILD)/examples:
 	mkdir -p $@
 
 # ---- benchmark
-$(BUILD)/kvattn_bench: bench/kvattn_bench.c kvattn.h $(wildcard bench/*.h) | $(BUILD)
-	$(CC) $(BENCH_CFLAGS) -I. $< -o $@ -lm
+# every bench/*.c is one object of build/kvattn_bench (bench/harness.h lists them); -MMD
+# records each object's headers. `make bench` compiles them JOBS at a time.
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_OBJS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%.o)
 
-bench: $(BUILD)/kvattn_bench
+$(BUILD)/bench:
+	mkdir -p $@
+
+$(BUILD)/bench/%.o: bench/%.c kvattn.h | $(BUILD)/bench
+	$(CC) $(BENCH_CFLAGS) -I. -MMD -MP -c $< -o $@
+
+$(BUILD)/kvattn_bench: $(BENCH_OBJS) | $(BUILD)
+	$(CC) $(BENCH_CFLAGS) $(BENCH_OBJS) -o $@ -lm
+
+-include $(BENCH_OBJS:.o=.d)
+
+bench:
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvattn_bench
 	$(BUILD_RUN)/kvattn_bench $(BENCH_ARGS)
 
 # bench/plot.gp gets the CSV path as `datafile` and the output folder as `outdir`.
