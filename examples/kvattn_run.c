@@ -412,6 +412,7 @@ static char *read_text(const char *path, const char *what) {
   char *buf;
   long long n;
   if (!f) die("%s %s: cannot open", what, path);
+  if (fgetc(f) == EOF && ferror(f)) die("%s %s: cannot read (a directory?)", what, path);
   n = llm__file_size(f);
   if (n < 0) die("%s %s: cannot tell its size (not a regular file?)", what, path);
   if (n > (1LL << 30)) die("%s %s: larger than 1 GiB", what, path);

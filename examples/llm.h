@@ -274,6 +274,14 @@ static inline int llm_model_load(llm_model *m, const char *path, char *err, size
   }
   L = (uint64_t)c->n_layers;
   total = llm__matrix_floats(c, !c->shared_classifier) + llm__norm_floats(c);
+  if (total > (uint64_t)fsize) { /* (also keeps the byte counts below from overflowing) */
+    llm__err(err, errn,
+             "%s: %lld bytes, but the header (dim %d hidden %d layers %d heads %d kv_heads %d vocab %d seq %d) implies "
+             "%llu weights",
+             path, fsize, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
+             (unsigned long long)total);
+    goto done;
+  }
   if (c->version == 0)
     expect = 28 + 4 * (total + (uint64_t)c->seq_len * (uint64_t)c->head_dim); /* + two RoPE tables */
   else if (c->version == 1)
