@@ -28,7 +28,8 @@
 #     #include "kvattn.h" is a whole program; each is built with $CC (cc)
 #     -std=c99 -pedantic -Wall -Wextra -Werror and must exit 0.
 #
-# Prints every finding as FILE:LINE: what: the text, then a summary line.
+# Prints every finding as FILE:LINE: what: the text, then a summary line;
+# CHECK_REPO_LIST=1 also prints every public name of kvattn.h it looks for.
 # Exit status 0 when nothing was found, 1 otherwise, 2 on a usage error.
 {
 set -u -o pipefail
@@ -160,17 +161,19 @@ else
         grep -oE 'kva_[a-z0-9_]+\($' | tr -d '(' | grep -v '^kva__' | sort -u)
     # types: typedef ... } kva_x;  and typedef struct kva_x kva_x;
     while IFS= read -r w; do names+=("type $w"); done < <(
-        { grep -oE '^\} *kva_[a-z0-9_]+;' <<<"$code"; grep -oE '^typedef (struct|enum) kva_[a-z0-9_]+ kva_[a-z0-9_]+;' <<<"$code"; } |
+        { grep -E '^(typedef|\})' <<<"$code" | grep -oE '\} *kva_[a-z0-9_]+;'
+          grep -oE '^typedef (struct|enum) kva_[a-z0-9_]+ kva_[a-z0-9_]+;' <<<"$code"; } |
             grep -oE 'kva_[a-z0-9_]+;' | tr -d ';' | grep -v '^kva__' | sort -u)
     # enum constants and macros (also those only named in comments, e.g. KVA_API)
     while IFS= read -r w; do names+=("constant/macro $w"); done < <(grep -ohE '\bKVA(TTN)?_[A-Z0-9_]+\b' "$HEADER" |
         grep -v '__' | sort -u)
-    # fields of public structs: "typedef struct {" ... "} kva_x;"
+    # fields of public structs: "typedef struct {" ... "} kva_x;" (one line or many)
     while IFS= read -r w; do names+=("field $w"); done < <(awk '
-        /^typedef struct *\{/ { body = ""; inside = 1; next }
-        inside && /^\} *[A-Za-z0-9_]+;/ {
+        /^typedef struct *\{/ { inside = 1; body = ""; sub(/^typedef struct *\{/, "") }
+        inside && /\} *[A-Za-z0-9_]+;/ {
             inside = 0
-            name = $0; sub(/^\} */, "", name); sub(/;.*/, "", name)
+            name = $0; sub(/^.*\} */, "", name); sub(/;.*/, "", name)
+            line = $0; sub(/\}[^}]*$/, "", line); body = body " " line
             if (name !~ /^kva_/ || name ~ /^kva__/) next
             n = split(body, decl, ";")
             for (k = 1; k <= n; k++) {
@@ -191,6 +194,7 @@ else
         }
         inside { body = body " " $0 }' <<<"$code" | sort -u)
 
+    [ -n "${CHECK_REPO_LIST:-}" ] && printf "%s\n" "${names[@]}"
     missing=0
     for entry in "${names[@]}"; do
         kind=${entry% *}
