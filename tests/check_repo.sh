@@ -88,6 +88,7 @@ for f in "${text[@]}"; do
     # /tmp: only the "${TMPDIR:-/tmp}" idiom
     while IFS= read -r line; do
         rest=${line#*:}
+        # shellcheck disable=SC2016  # the literal text ${TMPDIR:-/tmp}
         rest=${rest//'${TMPDIR:-/tmp}'/}
         if grep -qE '(^|[^A-Za-z0-9_.-])/tmp($|[^A-Za-z0-9_])' <<<"$rest"; then
             say "$f:${line%%:*}: machine path (write scratch files under \${TMPDIR:-/tmp} or mktemp): ${line#*:}"
@@ -105,6 +106,8 @@ for f in "${text[@]}"; do
 done
 
 # markdown: links and quoted repository paths must resolve
+# shellcheck disable=SC2016  # backquotes of markdown, not a command
+QUOTED_PATH='`(examples|tests|bench|docs|cmake|\.ci)/[A-Za-z0-9_./*-]+`'
 for f in "${text[@]}"; do
     case $f in *.md) ;; *) continue ;; esac
     dir=$(dirname "$f")
@@ -128,7 +131,7 @@ for f in "${text[@]}"; do
         p=${p%\`}
         case $p in *'*'* | *'$'* | *'<'* | *'{'*) continue ;; esac
         [ -e "$p" ] || say "$f:$n: names a file the repository does not have: $p"
-    done < <(grep -noE '`(examples|tests|bench|docs|cmake|\.ci)/[A-Za-z0-9_./*-]+`' -- "$f")
+    done < <(grep -noE "$QUOTED_PATH" -- "$f")
 done
 echo "check_repo: references: $((bad - n_refs_before)) finding(s)"
 
