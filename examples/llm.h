@@ -779,24 +779,51 @@ static inline float llm__finish(llm__vec acc, const float *w, const float *x, in
   return s + tail;
 }
 
-/* 4 weight rows x LLM__TT tokens */
+/* 4 weight rows x LLM__TT tokens, every accumulator a named register
+   variable (arrays of vectors stay in memory at -O2). */
+#define LLM__FMA4(t, xv)                                 \
+  a0##t = LLM__VFMA(w0v, xv, a0##t), a1##t = LLM__VFMA(w1v, xv, a1##t), \
+  a2##t = LLM__VFMA(w2v, xv, a2##t), a3##t = LLM__VFMA(w3v, xv, a3##t)
+#define LLM__STORE4(t)                                                              \
+  y[(size_t)(t) * ldy + 0] = llm__finish(a0##t, w, x + (size_t)(t) * n, nv, n),              \
+  y[(size_t)(t) * ldy + 1] = llm__finish(a1##t, w + (size_t)n, x + (size_t)(t) * n, nv, n),  \
+  y[(size_t)(t) * ldy + 2] = llm__finish(a2##t, w + 2 * (size_t)n, x + (size_t)(t) * n, nv, n), \
+  y[(size_t)(t) * ldy + 3] = llm__finish(a3##t, w + 3 * (size_t)n, x + (size_t)(t) * n, nv, n)
+#if LLM__TT == 4
 static inline void llm__tile_4xT(const float *w, const float *x, int n, float *y, int ldy) {
-  llm__vec acc[4][LLM__TT];
-  int r, t, j, nv = n / LLM__LW * LLM__LW;
-  for (r = 0; r < 4; r++)
-    for (t = 0; t < LLM__TT; t++) acc[r][t] = LLM__VZERO();
+  llm__vec a00 = LLM__VZERO(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+  llm__vec a02 = a00, a12 = a00, a22 = a00, a32 = a00, a03 = a00, a13 = a00, a23 = a00, a33 = a00;
+  int j, nv = n / LLM__LW * LLM__LW;
   for (j = 0; j < nv; j += LLM__LW) {
-    llm__vec xv[LLM__TT];
-    for (t = 0; t < LLM__TT; t++) xv[t] = LLM__VLOAD(x + (size_t)t * n + j);
-    for (r = 0; r < 4; r++) {
-      llm__vec wv = LLM__VLOAD(w + (size_t)r * n + j);
-      for (t = 0; t < LLM__TT; t++) acc[r][t] = LLM__VFMA(wv, xv[t], acc[r][t]);
-    }
+    llm__vec w0v = LLM__VLOAD(w + j), w1v = LLM__VLOAD(w + (size_t)n + j);
+    llm__vec w2v = LLM__VLOAD(w + 2 * (size_t)n + j), w3v = LLM__VLOAD(w + 3 * (size_t)n + j);
+    llm__vec x0 = LLM__VLOAD(x + j), x1 = LLM__VLOAD(x + (size_t)n + j);
+    llm__vec x2 = LLM__VLOAD(x + 2 * (size_t)n + j), x3 = LLM__VLOAD(x + 3 * (size_t)n + j);
+    LLM__FMA4(0, x0);
+    LLM__FMA4(1, x1);
+    LLM__FMA4(2, x2);
+    LLM__FMA4(3, x3);
   }
-  for (t = 0; t < LLM__TT; t++)
-    for (r = 0; r < 4; r++)
-      y[(size_t)t * ldy + r] = llm__finish(acc[r][t], w + (size_t)r * n, x + (size_t)t * n, nv, n);
+  LLM__STORE4(0);
+  LLM__STORE4(1);
+  LLM__STORE4(2);
+  LLM__STORE4(3);
 }
+#elif LLM__TT == 2
+static inline void llm__tile_4xT(const float *w, const float *x, int n, float *y, int ldy) {
+  llm__vec a00 = LLM__VZERO(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+  int j, nv = n / LLM__LW * LLM__LW;
+  for (j = 0; j < nv; j += LLM__LW) {
+    llm__vec w0v = LLM__VLOAD(w + j), w1v = LLM__VLOAD(w + (size_t)n + j);
+    llm__vec w2v = LLM__VLOAD(w + 2 * (size_t)n + j), w3v = LLM__VLOAD(w + 3 * (size_t)n + j);
+    llm__vec x0 = LLM__VLOAD(x + j), x1 = LLM__VLOAD(x + (size_t)n + j);
+    LLM__FMA4(0, x0);
+    LLM__FMA4(1, x1);
+  }
+  LLM__STORE4(0);
+  LLM__STORE4(1);
+}
+#endif
 
 /* 4 weight rows x 1 token (decode) */
 static inline void llm__tile_4x1(const float *w, const float *x, int n, float *y) {
@@ -835,8 +862,11 @@ static inline void llm_matmul(float *y, const float *x, const float *w, int n_to
     int r0 = 4 * b, t, r;
     const float *wb = w + (size_t)r0 * d_in;
     if (r0 + 4 <= d_out) {
-      for (t = 0; t + LLM__TT <= n_tok; t += LLM__TT)
+      t = 0;
+#if LLM__TT > 1
+      for (; t + LLM__TT <= n_tok; t += LLM__TT)
         llm__tile_4xT(wb, x + (size_t)t * d_in, d_in, y + (size_t)t * d_out + r0, d_out);
+#endif
       for (; t < n_tok; t++) llm__tile_4x1(wb, x + (size_t)t * d_in, d_in, y + (size_t)t * d_out + r0);
     } else {
       for (t = 0; t < n_tok; t++)
