@@ -257,10 +257,9 @@ static inline int llm_model_load(llm_model *m, const char *path, char *err, size
     if (!llm__check_shape(c, path, err, errn)) goto done;
     if (c->version == 2) {
       c->group_size = llm__i32(hdr + 37);
-      if (c->group_size <= 0 || c->group_size > LLM_MAX_FIELD || c->dim % c->group_size != 0 ||
-          c->hidden_dim % c->group_size != 0) {
-        llm__err(err, errn, "%s: group size %d must be positive and divide dim %d and hidden_dim %d", path,
-                 c->group_size, c->dim, c->hidden_dim);
+      /* groups run over each flattened matrix; every matrix has a multiple of dim values */
+      if (c->group_size <= 0 || c->group_size > LLM_MAX_FIELD || c->dim % c->group_size != 0) {
+        llm__err(err, errn, "%s: group size %d must be positive and divide dim %d", path, c->group_size, c->dim);
         goto done;
       }
     }
@@ -316,8 +315,13 @@ static inline int llm_model_load(llm_model *m, const char *path, char *err, size
           llm__read_f32(f, w->rms_final, D) &&
           fseek(f, (long)(4 * (uint64_t)c->seq_len * (uint64_t)c->head_dim), SEEK_CUR) == 0 &&
           (c->shared_classifier || llm__read_f32(f, w->wcls, V * D));
-    } else if (c->version == 1) { /* the layout of data is this file order */
-      r = llm__read_f32(f, m->data, total);
+    } else if (c->version == 1) { /* rms_att, rms_ffn, rms_final, embedding, wq, wk, wv, wo, w1, w2, w3, cls */
+      r = llm__read_f32(f, w->rms_att, L * D) && llm__read_f32(f, w->rms_ffn, L * D) &&
+          llm__read_f32(f, w->rms_final, D) && llm__read_f32(f, w->tok_emb, V * D) &&
+          llm__read_f32(f, w->wq, L * D * D) && llm__read_f32(f, w->wk, L * KV * D) &&
+          llm__read_f32(f, w->wv, L * KV * D) && llm__read_f32(f, w->wo, L * D * D) &&
+          llm__read_f32(f, w->w1, L * H * D) && llm__read_f32(f, w->w2, L * D * H) &&
+          llm__read_f32(f, w->w3, L * H * D) && (c->shared_classifier || llm__read_f32(f, w->wcls, V * D));
     } else {
       uint64_t big = V * D > H * D ? V * D : H * D;
       signed char *q = (signed char *)malloc((size_t)big);
