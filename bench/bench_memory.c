@@ -47,7 +47,7 @@ static alloc_check check_alloc(const model *mo, int var, kva_dtype dt, size_t bp
   d.max_seqs = 1;
   st = kva_cache_create(&d, &c);
   if (st == KVA_ERR_UNSUPPORTED) {
-    snprintf(r.msg, sizeof r.msg, "n/a (not yet)");
+    snprintf(r.msg, sizeof r.msg, "unsupported");
     r.block_bytes_full = (size_t)mo->L * ((bpt_layer * (size_t)bs + 63) / 64 * 64);
     return r;
   }
@@ -82,144 +82,101 @@ static size_t bpt_of(const model *mo, int var, kva_dtype dt, int n_layers) {
   return kva_cache_bytes_per_token(&d);
 }
 
-static void fmt_bytes_h(double b, char *buf, size_t n) {
-  if (b >= 1e9) snprintf(buf, n, "%.2f GB (%.2f GiB)", b / 1e9, b / GiB);
-  else if (b >= 1e6) snprintf(buf, n, "%.2f MB (%.2f MiB)", b / 1e6, b / MiB);
-  else fmt_sep(b, buf, n);
-}
+/* The presets against their published configurations: the bytes per token (K and V of every
+   layer, f16 = 2 bytes) each model's published config.json implies, against what the library
+   computes from the presets (kva_cache_bytes_per_token). Expected figures are written out from
+   the configurations, not taken from presets[]:
+     K+V caches: 2 x num_hidden_layers x num_key_value_heads x head dim x 2 B
+     MLA caches one latent (kv_lora_rank) and one shared rope key (qk_rope_head_dim) per layer:
+       num_hidden_layers x (kv_lora_rank + qk_rope_head_dim) x 2 B
+   and the ratio the DeepSeek-V2 paper (arXiv:2405.04434, Table 1) gives for MLA's cache against
+   MHA with the same heads: (d_c + d_h^R) / (2 n_h d_h) = (512 + 64) / (2 x 128 x 128) = 1.76%. */
+typedef struct {
+  const char *name, *model, *source;
+  int var, layers; /* layers 1: per layer */
+  kva_dtype dt;
+  double expected, div; /* the library's bytes / div against expected */
+  const char *note;
+} preset_check;
 
-static void check_row(rows *t, const char *name, double expected, double got, const char *note) {
-  row *w = rows_add(t, "check");
-  int pass = fabs(expected - got) <= 1e-9 * fabs(expected) + 1e-12;
-  rs(w, C_NAME, "%s", name);
-  rn(w, C_EXPECTED, expected);
-  rn(w, C_VALUE, got);
-  rs(w, C_PASS, pass ? "PASS" : "FAIL");
-  if (note) rs(w, C_NOTE, "%s", note);
-  if (!pass) g_failed = 1;
-}
+static const preset_check preset_checks[] = {
+    {"Llama-2-7B MHA f16 bytes/token", "Llama-2-7B", "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 KV heads x 128",
+     V_MHA, 0, KVA_F16, 2.0 * 32 * 32 * 128 * 2, 1, NULL},
+    {"Llama-2-70B GQA f16 bytes/token", "Llama-2-70B", "meta-llama/Llama-2-70b-hf config.json: 80 layers, 8 KV heads x 128",
+     V_GQA, 0, KVA_F16, 2.0 * 80 * 8 * 128 * 2, 1, NULL},
+    {"Llama-3-8B GQA f16 bytes/token", "Llama-3-8B", "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 8 KV heads x 128",
+     V_GQA, 0, KVA_F16, 2.0 * 32 * 8 * 128 * 2, 1, NULL},
+    {"Llama-3-70B GQA f16 bytes/token", "Llama-3-70B", "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 8 KV heads x 128",
+     V_GQA, 0, KVA_F16, 2.0 * 80 * 8 * 128 * 2, 1, NULL},
+    {"Llama-3-70B GQA f16 bytes at 131,072 tokens", "Llama-3-70B", "the same x 131,072 tokens",
+     V_GQA, 0, KVA_F16, 2.0 * 80 * 8 * 128 * 2 * 131072, 1.0 / 131072, "42.95 GB (40.00 GiB) per sequence"},
+    {"Mistral-7B GQA f16 bytes/token", "Mistral-7B", "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 8 KV heads x 128",
+     V_GQA, 0, KVA_F16, 2.0 * 32 * 8 * 128 * 2, 1, "held for at most 4,096 tokens (sliding_window)"},
+    {"DeepSeek-V2 MLA f16 bytes/token", "DeepSeek-V2", "deepseek-ai/DeepSeek-V2 config.json: 60 layers, latent 512 + rope 64",
+     V_MLA, 0, KVA_F16, 60.0 * (512 + 64) * 2, 1, NULL},
+    {"DeepSeek-V3 MLA f16 bytes/token", "DeepSeek-V3", "deepseek-ai/DeepSeek-V3 config.json: 61 layers, latent 512 + rope 64",
+     V_MLA, 0, KVA_F16, 61.0 * (512 + 64) * 2, 1, NULL},
+    {"Llama-3-70B MHA values/token/layer", "Llama-3-70B", "64 heads x 128, K and V: 2 x 64 x 128",
+     V_MHA, 1, KVA_F32, 2.0 * 64 * 128, 4, "32 KiB in f16"},
+    {"Llama-3-70B GQA values/token/layer", "Llama-3-70B", "8 KV heads x 128, K and V: 2 x 8 x 128",
+     V_GQA, 1, KVA_F32, 2.0 * 8 * 128, 4, NULL},
+    {"DeepSeek-V2 MLA values/token/layer", "DeepSeek-V2", "kv_lora_rank + qk_rope_head_dim = 512 + 64",
+     V_MLA, 1, KVA_F16, 512 + 64, 2, NULL},
+};
 
-/* FACTS.md figures, recomputed with the library. */
-static void memory_checks(void) {
+/* Runs the checks; table: the full table (memory), else one line (summary). Rows: section check. */
+static void memory_checks(int table) {
   rows t = {0};
-  char note[160];
-  const model *l70 = preset("Llama-3-70B"), *v2 = preset("DeepSeek-V2"), *v3 = preset("DeepSeek-V3");
-  double b70 = (double)bpt_of(l70, V_GQA, KVA_F16, l70->L), mla = (double)bpt_of(v2, V_MLA, KVA_F16, 1),
-         mha = (double)bpt_of(v2, V_MHA, KVA_F16, 1);
-  check_row(&t, "Llama-2-7B MHA f16 bytes/token", 524288, (double)bpt_of(preset("Llama-2-7B"), V_MHA, KVA_F16, 32), NULL);
-  check_row(&t, "Llama-2-70B GQA f16 bytes/token", 327680, (double)bpt_of(preset("Llama-2-70B"), V_GQA, KVA_F16, 80), NULL);
-  check_row(&t, "Llama-3-8B GQA f16 bytes/token", 131072, (double)bpt_of(preset("Llama-3-8B"), V_GQA, KVA_F16, 32), NULL);
-  check_row(&t, "Llama-3-70B GQA f16 bytes/token", 327680, b70, NULL);
-  fmt_bytes_h(b70 * 131072, note, sizeof note);
-  check_row(&t, "Llama-3-70B GQA f16 bytes at 131,072 tokens", 42949672960.0, b70 * 131072, note);
-  check_row(&t, "Mistral-7B GQA f16 bytes/token", 131072, (double)bpt_of(preset("Mistral-7B"), V_GQA, KVA_F16, 32),
-            "capped at 4096 tokens by the window");
-  check_row(&t, "DeepSeek-V2 MLA f16 bytes/token", 69120, (double)bpt_of(v2, V_MLA, KVA_F16, v2->L), NULL);
-  check_row(&t, "DeepSeek-V3 MLA f16 bytes/token", 70272, (double)bpt_of(v3, V_MLA, KVA_F16, v3->L), NULL);
-  check_row(&t, "Llama-3-70B MHA values/token/layer", 16384, (double)bpt_of(l70, V_MHA, KVA_F32, 1) / 4, "32 KiB in f16");
-  check_row(&t, "Llama-3-70B GQA values/token/layer", 2048, (double)bpt_of(l70, V_GQA, KVA_F32, 1) / 4, NULL);
-  check_row(&t, "MLA values/token/layer (512 + 64)", 576, mla / 2, NULL);
-  snprintf(note, sizeof note, "MLA/MHA = %.2f%%, %.1fx smaller (same 128 heads of 128)", 100 * mla / mha, mha / mla);
-  check_row(&t, "MLA vs MHA, same heads: 1.76% (x1e4, rounded)", 176, floor(1e4 * mla / mha + 0.5), note);
-  {
-    static const vcol v[] = {{C_NAME, "FACTS.md check", FM_STR}, {C_EXPECTED, "expected", FM_SEP},
-                             {C_VALUE, "kvattn", FM_SEP}, {C_PASS, "", FM_STR}, {C_NOTE, "note", FM_STR}};
-    print_table("Checks against FACTS.md (computed with kva_cache_bytes_per_token)", v, NV(v), &t, -1);
+  int i, n_pass = 0;
+  char note[200];
+  for (i = 0; i < NV(preset_checks); i++) {
+    const preset_check *c = &preset_checks[i];
+    const model *mo = preset(c->model);
+    row *w = rows_add(&t, "check");
+    double got = mo ? (double)bpt_of(mo, c->var, c->dt, c->layers ? c->layers : mo->L) / c->div : -1;
+    int pass = fabs(c->expected - got) <= 1e-9 * fabs(c->expected);
+    rs(w, C_NAME, "%s", c->name);
+    rs(w, C_SOURCE, "%s", c->source);
+    rn(w, C_EXPECTED, c->expected);
+    rn(w, C_VALUE, got);
+    rs(w, C_PASS, pass ? "PASS" : "FAIL");
+    if (c->note) rs(w, C_NOTE, "%s", c->note);
+    n_pass += pass;
+    if (!pass) g_failed = 1;
   }
-  emit_rows(&t);
-  rows_free(&t);
-}
-
-/* The seed write-up's MHA/MQA/GQA/MLA comparison table and memory figures, corrected. */
-static void memory_seed(void) {
-  rows t = {0};
-  char a[128], b[128];
-  const model *l70 = preset("Llama-3-70B"), *v2 = preset("DeepSeek-V2");
-  model l2mha = *preset("Llama-2-70B");
-  double mha = (double)bpt_of(l70, V_MHA, KVA_F16, 1), mqa = (double)bpt_of(l70, V_MQA, KVA_F16, 1),
-         gqa = (double)bpt_of(l70, V_GQA, KVA_F16, 1), mla = (double)bpt_of(l70, V_MLA, KVA_F16, 1),
-         dmha = (double)bpt_of(v2, V_MHA, KVA_F16, 1), dmla = (double)bpt_of(v2, V_MLA, KVA_F16, 1),
-         l2 = (double)bpt_of(&l2mha, V_MHA, KVA_F16, l2mha.L) * 4096,
-         r70 = (double)bpt_of(l70, V_GQA, KVA_F16, l70->L) * 131072,
-         i8 = (double)bpt_of(l70, V_GQA, KVA_INT8, 1);
-  row *w;
-#define SEED(where_, item, seed, verdict)                                                              \
-  w = rows_add(&t, "seed");                                                                            \
-  rs(w, C_WHERE, "%s", where_);                                                                        \
-  rs(w, C_NAME, "%s", item);                                                                           \
-  rs(w, C_EXPECTED, "%s", seed);                                                                       \
-  rs(w, C_PASS, "%s", verdict)
-
-  fmt_bytes_h(l2, a, sizeof a);
-  SEED("l.97", "Llama-2-70B if MHA (64 KV heads), 4,096 tokens, f16", "10.7 GB", "right");
-  rs(w, C_VALUE, "%s", a);
-  fmt_bytes_h(l2 * 32, a, sizeof a);
-  SEED("l.99", "the same, batch 32", "342.4 GB", "rounding");
-  rs(w, C_VALUE, "%s", a);
-  rs(w, C_NOTE, "10.7 x 32; exactly 320 GiB");
-  SEED("l.326", "Llama-3-70B MHA (H=64), per token per layer", "16,384B", "WRONG");
-  fmt_sep(mha, b, sizeof b);
-  rs(w, C_VALUE, "16,384 values = %s B f16", b);
-  rs(w, C_NOTE, "the seed counts values, not bytes");
-  SEED("l.326", "Llama-3-70B MQA, per token per layer", "256B", "WRONG");
-  rs(w, C_VALUE, "256 values = %.0f B f16", mqa);
-  rs(w, C_NOTE, "values, not bytes");
-  SEED("l.326", "Llama-3-70B GQA G=8, per token per layer", "2,048B", "WRONG");
-  fmt_sep(gqa, b, sizeof b);
-  rs(w, C_VALUE, "2,048 values = %s B f16", b);
-  rs(w, C_NOTE, "values, not bytes");
-  SEED("l.326", "Llama-3-70B MLA (latent 4D=512 + rope D/2=64)", "-", "missing");
-  fmt_sep(mla, b, sizeof b);
-  rs(w, C_VALUE, "576 values = %s B f16", b);
-  SEED("l.327", "DeepSeek-V2 MHA (128 heads x 128), per token per layer", "163,840B", "WRONG");
-  fmt_sep(dmha, b, sizeof b);
-  rs(w, C_VALUE, "32,768 values = %s B f16", b);
-  SEED("l.327", "DeepSeek-V2 MLA, per token per layer", "~4,608B", "WRONG");
-  fmt_sep(dmla, b, sizeof b);
-  rs(w, C_VALUE, "576 values = %s B f16", b);
-  rs(w, C_NOTE, "4x too large");
-  SEED("l.324", "per token per layer, in values: 2Hd_k, 2d_k, 2Gd_k, d_latent+d_rope", "(as stated)", "right");
-  rs(w, C_VALUE, "the same; x2 for bytes in f16");
-  rs(w, C_NOTE, "its example rows below forgot the x2");
-  SEED("l.325", "MLA cache relative to MHA", "d_latent/(2*H*d_k)", "WRONG");
-  rs(w, C_VALUE, "(d_latent+d_rope)/(2*H*d_k) = 576/32,768 = %.2f%%", 100 * dmla / dmha);
-  rs(w, C_NOTE, "%.1fx smaller; the seed drops the shared rope key", dmha / dmla);
-  SEED("l.318", "DeepSeek-V2 MLA saving vs MHA", "~93.7%", "WRONG");
-  rs(w, C_VALUE, "%.2f%% smaller than MHA with the same heads", 100 * (1 - dmla / dmha));
-  rs(w, C_NOTE, "DeepSeek's 93.3%% is against DeepSeek 67B and includes KV quantization: not MLA's ratio");
-  fmt_bytes_h(r70, a, sizeof a);
-  SEED("l.568", "Llama-3-70B GQA, one 128K (131,072) request, f16", "~33.5 GB", "WRONG");
-  rs(w, C_VALUE, "%s", a);
-  rs(w, C_NOTE, "2 x 80 x 8 x 131,072 x 128 x 2 B");
-  fmt_bytes_h(r70 * 4, a, sizeof a);
-  SEED("l.569", "the same, batch 4", "~134 GB", "WRONG");
-  rs(w, C_VALUE, "%s", a);
-  snprintf(b, sizeof b, "~%.0f GB", 140 + r70 * 4 / 1e9);
-  SEED("l.570", "with ~140 GB of f16 weights", "~274 GB", "WRONG");
-  rs(w, C_VALUE, "%s", b);
-  rs(w, C_NOTE, "140 GB + 4 x 42.95 GB, before activations");
-  SEED("l.342", "INT8 instead of f16 saves", "50%", "about");
-  rs(w, C_VALUE, "%.1f%% (%.0f vs %.0f B per token per layer)", 100 * (1 - i8 / gqa), i8, gqa);
-  rs(w, C_NOTE, "kvattn keeps one fp32 scale per token per KV head, separately for K and V");
-  SEED("l.145", "MQA cache relative to MHA", "1/H", "right");
-  rs(w, C_VALUE, "1/%d = %.2f%% for H=64", l70->H, 100 * mqa / mha);
-#undef SEED
   {
-    static const vcol v[] = {{C_WHERE, "seed", FM_STR}, {C_NAME, "figure", FM_STR},
-                             {C_EXPECTED, "seed says", FM_STR}, {C_VALUE, "correct (kvattn)", FM_STR},
-                             {C_PASS, "verdict", FM_STR}, {C_NOTE, "note", FM_STR}};
-    print_table("The seed write-up's comparison table and memory figures, corrected "
-                "(seed/kv-cache-optimization.txt, its line numbers)",
-                v, NV(v), &t, -1);
+    /* MLA against MHA with the same heads (DeepSeek-V2: 128 heads of 128), per layer */
+    const model *v2 = preset("DeepSeek-V2");
+    double mla = (double)bpt_of(v2, V_MLA, KVA_F16, 1), mha = (double)bpt_of(v2, V_MHA, KVA_F16, 1),
+           got = floor(1e4 * mla / mha + 0.5);
+    row *w = rows_add(&t, "check");
+    int pass = got == 176;
+    rs(w, C_NAME, "MLA vs MHA, same heads: 1.76%% (x1e4, rounded)");
+    rs(w, C_SOURCE, "DeepSeek-V2 paper (arXiv:2405.04434) Table 1: (d_c + d_h^R) / (2 n_h d_h)");
+    rn(w, C_EXPECTED, 176);
+    rn(w, C_VALUE, got);
+    rs(w, C_PASS, pass ? "PASS" : "FAIL");
+    snprintf(note, sizeof note, "MLA/MHA = %.2f%%, %.1fx smaller", 100 * mla / mha, mha / mla);
+    rs(w, C_NOTE, "%s", note);
+    n_pass += pass;
+    if (!pass) g_failed = 1;
   }
+  if (table) {
+    static const vcol v[] = {{C_NAME, "figure", FM_STR}, {C_EXPECTED, "published", FM_SEP},
+                             {C_VALUE, "kvattn", FM_SEP}, {C_PASS, "", FM_STR}, {C_SOURCE, "source", FM_STR},
+                             {C_NOTE, "note", FM_STR}};
+    print_table("Model presets vs published configurations (bytes from kva_cache_bytes_per_token)", v, NV(v), &t, -1);
+  } else
+    text("Model presets vs published configurations (config.json; DeepSeek-V2 paper): %d of %d figures match%s\n",
+         n_pass, t.n, n_pass == t.n ? "" : " -- FAIL (kvattn_bench memory lists them)");
   emit_rows(&t);
   rows_free(&t);
 }
 
 const kva_dtype all_dtypes[6] = {KVA_F16, KVA_BF16, KVA_F32, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
 
-/* KV memory per sequence against context (for plot.gp; a small pivot in the table). */
-void memory_curve(const opts *o) {
+/* KV memory per sequence against context (for plot.gp); show: also a small pivot in the table */
+void memory_curve(const opts *o, int show) {
   rows t = {0};
   const model *ms[2];
   int vars_for[2] = {NVARIANT, 1};
@@ -245,7 +202,7 @@ void memory_curve(const opts *o) {
         }
       }
     }
-  if (g_fmt == OUT_TABLE && strcmp(o->cmd, "memory") == 0) {
+  if (g_fmt == OUT_TABLE && show) {
     /* pivot: rows = series, columns = context; f16 variants and the GQA dtypes */
     int i;
     text("\nKV cache per sequence (GiB) against context: Llama-3-70B variants (f16 and the GQA dtypes),\n"
@@ -272,9 +229,9 @@ void memory_curve(const opts *o) {
   rows_free(&t);
 }
 
-void cmd_memory(const opts *o) {
+/* the memory rows: every context, model, variant and dtype of o */
+static void memory_rows(const opts *o, rows *t) {
   int mi, vi, di, ci;
-  rows t = {0};
   char note[160];
   for (ci = 0; ci < o->n_ctx; ci++) {
     long ctx = o->ctx[ci];
@@ -292,7 +249,7 @@ void cmd_memory(const opts *o) {
           alloc_check ac = check_alloc(mo, var, dt, bptl);
           long held = mo->window && ctx > mo->window ? mo->window : ctx;
           double nblocks = floor(o->mem / (double)ac.block_bytes_full), per_seq_blocks;
-          row *w = rows_add(&t, "memory");
+          row *w = rows_add(t, "memory");
           rs(w, C_MODEL, "%s", mo->name);
           rs(w, C_VARIANT, "%s%s", variant_name[var], var == mo->native ? "*" : "");
           rs(w, C_DTYPE, "%s", dtype_str(dt));
@@ -329,6 +286,11 @@ void cmd_memory(const opts *o) {
       }
     }
   }
+}
+
+void cmd_memory(const opts *o) {
+  rows t = {0};
+  memory_rows(o, &t);
   if (g_fmt == OUT_TABLE) {
     char title[800], mem[64], ctxs[32];
     static const vcol v[] = {{C_MODEL, "model", FM_STR},      {C_VARIANT, "variant", FM_STR},
@@ -351,7 +313,73 @@ void cmd_memory(const opts *o) {
   }
   emit_rows(&t);
   rows_free(&t);
-  memory_checks();
-  memory_seed();
-  memory_curve(o);
+  memory_checks(1);
+  memory_curve(o, 1);
+}
+
+/* The summary's memory table: per preset and variant, bytes per token and GB at the first --ctx
+   in f16, int8 and fp8 (E4M3; E5M2 takes the same bytes), from the memory rows (every dtype of o
+   goes to CSV / JSON); then the preset checks in one line. */
+void memory_summary(const opts *o) {
+  static const kva_dtype cols[3] = {KVA_F16, KVA_INT8, KVA_FP8_E4M3};
+  /* the display rows use these columns as slots: B/token and GB at ctx of f16, int8, fp8 */
+  static const int c_bpt[3] = {C_BPT, C_BPTL, C_BUSED}, c_gb[3] = {C_BYTESCTX, C_KVBYTES, C_BNEED};
+  static const vcol v[] = {{C_MODEL, "model", FM_STR},     {C_VARIANT, "variant", FM_STR},
+                           {C_KVHEADS, "KV heads", FM_INT}, {C_VALUE, "values/layer", FM_SEP},
+                           {C_BPT, "f16 B/token", FM_SEP}, {C_BYTESCTX, "GB", FM_GB},
+                           {C_BPTL, "int8 B/token", FM_SEP}, {C_KVBYTES, "GB", FM_GB},
+                           {C_BUSED, "fp8 B/token", FM_SEP}, {C_BNEED, "GB", FM_GB},
+                           {C_VSMHA, "vs MHA", FM_PCT},    {C_NOTE, "note", FM_STR}};
+  rows t = {0}, d = {0};
+  int i, k;
+  memory_rows(o, &t);
+  if (g_fmt == OUT_TABLE) {
+    char title[800], ctxs[32];
+    for (i = 0; i < t.n; i++) {
+      const row *r = &t.r[i];
+      row *w;
+      int same_model;
+      if (r->num[C_CTX] != (double)o->ctx[0]) continue;
+      /* a new display row at the first dtype row of each (model, variant) */
+      if (d.n && !strcmp(d.r[d.n - 1].str[C_SECTION], r->str[C_MODEL]) && !strcmp(d.r[d.n - 1].str[C_VARIANT], r->str[C_VARIANT]))
+        w = &d.r[d.n - 1];
+      else {
+        same_model = d.n && !strcmp(d.r[d.n - 1].str[C_SECTION], r->str[C_MODEL]);
+        w = rows_add(&d, r->str[C_MODEL]); /* the section slot keeps the model name */
+        if (!same_model) rs(w, C_MODEL, "%s", r->str[C_MODEL]);
+        rs(w, C_VARIANT, "%s", r->str[C_VARIANT]);
+        rn(w, C_KVHEADS, r->num[C_KVHEADS]);
+        /* values cached per token and layer: K and V of every KV head, or MLA's one latent + rope key */
+        rn(w, C_VALUE, strncmp(r->str[C_VARIANT], "MLA", 3) ? 2 * r->num[C_KVHEADS] * r->num[C_HEADDIM]
+                                                            : r->num[C_HEADDIM]);
+      }
+      for (k = 0; k < 3; k++)
+        if (!strcmp(r->str[C_DTYPE], dtype_str(cols[k]))) {
+          rn(w, c_bpt[k], r->num[C_BPT]);
+          rn(w, c_gb[k], r->num[C_BYTESCTX]);
+          if (k == 0) rn(w, C_VSMHA, r->num[C_VSMHA]);
+        }
+      /* a short note: the window, a variant the model does not have, a failed allocator check */
+      if (r->kind[C_ALLOC] == 2 && strncmp(r->str[C_ALLOC], "ok", 2) != 0)
+        rs(w, C_NOTE, "%s %s", r->str[C_DTYPE], r->str[C_ALLOC]);
+      else if (w->kind[C_NOTE] != 2 && r->kind[C_WINDOW] == 1 && r->num[C_CTX] > r->num[C_WINDOW]) {
+        char win[32];
+        fmt_sep(r->num[C_WINDOW], win, sizeof win);
+        rs(w, C_NOTE, "sliding window: holds %s tokens", win);
+      } else if (w->kind[C_NOTE] != 2 && r->kind[C_NOTE] == 2 && strstr(r->str[C_NOTE], "not in the model"))
+        rs(w, C_NOTE, "not in the model");
+    }
+    fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
+    snprintf(title, sizeof title,
+             "KV cache per token, all layers (K+V; int8 with its scales), each model's own attention (*) and the\n"
+             "  variants; GB = one sequence of %s tokens. From kva_cache_bytes_per_token, checked on a real cache\n"
+             "  (kva_cache_get_stats). MLA of a non-MLA model: latent 4D + rope D/2. fp8 = E4M3 or E5M2",
+             ctxs);
+    print_table(title, v, NV(v), &d, -1);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+  rows_free(&d);
+  memory_checks(0);
+  memory_curve(o, 0);
 }

@@ -75,7 +75,7 @@ void paged_attn(const opts *o, const machine *m) {
           row *w = rows_add(&t, "paged");
           set_shape_cols(w, &s, dt);
           rn(w, C_CTX, (double)ctx);
-          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "unsupported" : "cache: %s", kva_status_str(st));
           if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
           free(q);
           free(out);

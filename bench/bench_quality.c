@@ -147,7 +147,7 @@ void quality_dtypes(const opts *o, const machine *m) {
           rn(w, C_NQ, T);
           if (pi == PAT_HEAVY) rn(w, C_MASS, mass);
           if (st != KVA_OK) {
-            rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+            rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "unsupported" : "cache: %s", kva_status_str(st));
             if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
             continue;
           }
@@ -206,6 +206,59 @@ void quality_dtypes(const opts *o, const machine *m) {
   }
   emit_rows(&t);
   rows_free(&t);
+}
+
+/* The summary's accuracy column: GQA decode (o->H, o->G, o->D, n_q=1) over n tokens of
+   outlier-channel keys (the outlier-K pattern), T random queries; per dtype the relative RMS error
+   of the output against the same K/V stored as f32 (FP8 scales by vLLM's rule, as in the dtypes
+   part). rel[i] < 0: not measured (the error is reported and counted as a failure). */
+void quality_dtype_errors(const opts *o, const kva_dtype *dts, int n_dt, long n, int T, double *rel) {
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  kva_attn a = shape_attn(&s, 1);
+  size_t nk = (size_t)n * s.G * s.D, nv = (size_t)n * s.G * s.DV, no = (size_t)s.H * s.DV, i;
+  float *k = (float *)xalloc(nk * 4), *v = (float *)xalloc(nv * 4), *q = (float *)xalloc((size_t)T * s.H * s.D * 4);
+  float *ref = (float *)xalloc((size_t)T * no * 4), *ox = (float *)xalloc(no * 4), kmax = 0, vmax = 0;
+  unsigned char *heavy = (unsigned char *)xalloc((size_t)n);
+  uint64_t rng = o->seed + 51;
+  int di, tr, seq;
+  kva_cache *c = NULL;
+  kva_status st;
+  progress("accuracy: %ld tokens of outlier-channel keys, the f32 reference", n);
+  gen_pattern(PAT_OUTLIER, &s, n, T, k, v, q, heavy, &rng);
+  for (i = 0; i < nk; i++) if (fabsf(k[i]) > kmax) kmax = fabsf(k[i]);
+  for (i = 0; i < nv; i++) if (fabsf(v[i]) > vmax) vmax = fabsf(v[i]);
+  st = build_cache(&s, KVA_F32, n, 1, 16, 0, 1.0f, 1.0f, k, v, &rng, &c, &seq);
+  for (tr = 0; tr < T && st == KVA_OK; tr++)
+    st = kva_attend_cache(c, seq, 0, &a, q + (size_t)tr * s.H * s.D, 1, ref + (size_t)tr * no);
+  if (c) kva_cache_destroy(c);
+  for (di = 0; di < n_dt; di++) {
+    errstat e = {0, 0, 0};
+    rel[di] = -1;
+    if (st != KVA_OK) continue;
+    progress("accuracy: %s", dtype_str(dts[di]));
+    c = NULL;
+    if (build_cache(&s, dts[di], n, 1, 16, 0, kmax / 200.0f, vmax / 100.0f, k, v, &rng, &c, &seq) != KVA_OK) continue;
+    for (tr = 0; tr < T; tr++) {
+      double tmp[4096];
+      size_t off, z;
+      if (kva_attend_cache(c, seq, 0, &a, q + (size_t)tr * s.H * s.D, 1, ox) != KVA_OK) break;
+      for (off = 0; off < no; off += 4096) {
+        size_t m = no - off < 4096 ? no - off : 4096;
+        for (z = 0; z < m; z++) tmp[z] = ref[(size_t)tr * no + off + z];
+        err_add(&e, ox + off, tmp, m);
+      }
+    }
+    kva_cache_destroy(c);
+    if (tr == T && e.sr > 0) rel[di] = sqrt(e.se / e.sr);
+  }
+  progress_end();
+  for (di = 0; di < n_dt; di++)
+    if (rel[di] < 0) {
+      fprintf(stderr, "kvattn_bench: accuracy of %s: %s\n", dtype_str(dts[di]),
+              st != KVA_OK ? kva_status_str(st) : "the cache or the decode call failed");
+      g_failed = 1;
+    }
+  free(k); free(v); free(q); free(ref); free(ox); free(heavy);
 }
 
 /* =====================================================================
@@ -325,7 +378,7 @@ void quality_calib(const opts *o, const machine *m) {
         err[ru] = -1;
         st = build_cache_kv(&s, kd, vd, n, 1, 16, 0, ks, vs, k, v, &rng, &c, &seq);
         if (st != KVA_OK) {
-          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "unsupported" : "cache: %s", kva_status_str(st));
           if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
           st = KVA_OK;
           continue;

@@ -47,7 +47,7 @@ void run_decode(const opts *o, const machine *m, rows *t) {
             rn(w, C_NQ, 1);
             rn(w, C_BLOCK, 16);
             if (st != KVA_OK) {
-              rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+              rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "unsupported" : "cache: %s", kva_status_str(st));
               if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
               continue;
             }
@@ -116,7 +116,7 @@ static void run_prefill(const opts *o, const machine *m, rows *t) {
         rn(w, C_THREADS, (double)o->threads[ti]);
         rs(w, C_MODE, "warm");
         if (st != KVA_OK) {
-          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "cache: %s", kva_status_str(st));
+          rs(w, C_NOTE, st == KVA_ERR_UNSUPPORTED ? "unsupported" : "cache: %s", kva_status_str(st));
           if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
           continue;
         }
@@ -221,111 +221,6 @@ static void run_paged_vs_contig(const opts *o, rows *t) {
 }
 
 void print_decode(const rows *t, const char *title) { print_table(title, decode_view, NV(decode_view), t, C_VARIANT); }
-
-/* ---- decode per storage dtype against f16, with the targets ---- */
-
-/* time(dtype) / time(f16) targets for GQA decode at long context: a 1-byte type reads about
-   half of f16's bytes, so a bandwidth-bound decode should approach 0.5 */
-static double dtype_target(kva_dtype dt) {
-  return dt == KVA_INT8 ? 0.65 : (dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2) ? 0.75 : 0;
-}
-
-/* GQA decode (o->H, o->G, o->D), 1 thread, cold caches, at the largest --ctx: f16, int8,
-   fp8_e4m3, fp8_e5m2, timed in turns (time_interleaved) so that their ratios share the
-   machine's conditions. Rows: section decode_dtype. */
-void run_dtype_block(const opts *o, const machine *m, rows *t) {
-  static const kva_dtype dts[] = {KVA_F16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
-  enum { ND = 4 };
-  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
-  long ctx = 0;
-  kva_cache *c[ND];
-  kva_status st[ND];
-  call_ctx x[ND];
-  call_fn f[ND];
-  timing tm[ND];
-  int seq[ND], i, j, n = 0, idx[ND];
-  uint64_t rng = o->seed + 5;
-  float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
-  for (i = 0; i < o->n_ctx; i++)
-    if (o->ctx[i] > ctx) ctx = o->ctx[i];
-  for (i = 0; i < ND; i++) {
-    c[i] = NULL;
-    progress("decode per dtype: %s ctx=%ld, filling the cache", dtype_str(dts[i]), ctx);
-    st[i] = build_cache(&s, dts[i], ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c[i], &seq[i]);
-    if (st[i] != KVA_OK) continue;
-    memset(&x[n], 0, sizeof x[n]);
-    x[n].c = c[i];
-    x[n].seq = seq[i];
-    x[n].a = shape_attn(&s, 1);
-    x[n].q = q;
-    x[n].n_q = 1;
-    x[n].out = out;
-    f[n] = call_cache;
-    idx[n++] = i;
-  }
-  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, cold", ctx, n);
-  if (n) time_interleaved(f, x, n, 1, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
-  progress_end();
-  for (i = 0; i < ND; i++) {
-    row *w = rows_add(t, "decode_dtype");
-    timing *ti = NULL, *base = NULL;
-    double tgt = dtype_target(dts[i]);
-    for (j = 0; j < n; j++) {
-      if (idx[j] == i) ti = &tm[j];
-      if (dts[idx[j]] == KVA_F16 && tm[j].st == KVA_OK) base = &tm[j];
-    }
-    set_shape_cols(w, &s, dts[i]);
-    rn(w, C_CTX, (double)ctx);
-    rn(w, C_THREADS, 1);
-    rs(w, C_MODE, "cold");
-    rn(w, C_NQ, 1);
-    rn(w, C_BLOCK, 16);
-    if (st[i] != KVA_OK || !ti || ti->st != KVA_OK) {
-      kva_status e = st[i] != KVA_OK ? st[i] : ti ? ti->st : KVA_ERR_ARG;
-      rs(w, C_NOTE, e == KVA_ERR_UNSUPPORTED ? "n/a (not yet)" : "%s: %s", st[i] != KVA_OK ? "cache" : "attend",
-         kva_status_str(e));
-      if (e != KVA_ERR_UNSUPPORTED) g_failed = 1;
-      continue;
-    }
-    set_timing(w, ti);
-    set_roof(w, m, 1, (double)ctx * (double)shape_bpt(&s, dts[i]), 2.0 * s.H * (double)ctx * (s.D + s.DV), ti->med);
-    rn(w, C_NSTOK, ti->med / (double)ctx * 1e9);
-    if (!base) continue;
-    set_base_timing(w, base);
-    rn(w, C_RATIO, ti->med / base->med);
-    rn(w, C_RATIOMIN, ti->mn / base->mn);
-    if (tgt > 0) {
-      rn(w, C_EXPECTED, tgt);
-      rs(w, C_PASS, ti->med / base->med <= tgt ? "met" : "missed");
-    }
-    rs(w, C_NOTE, "%s", dts[i] == KVA_F16 ? "the base"
-                        : dts[i] == KVA_INT8 ? "1 B/value + an fp32 scale per token and KV head"
-                                             : "1 B/value, tensor scale 1.0 (timing does not depend on it)");
-  }
-  for (i = 0; i < ND; i++)
-    if (c[i]) kva_cache_destroy(c[i]);
-  free(q);
-  free(out);
-}
-
-void print_dtype_block(const rows *t, const opts *o) {
-  static const vcol v[] = {{C_DTYPE, "dtype", FM_STR},      {C_TMED, "ms med", FM_MS},      {C_TMIN, "ms min-max", FM_RANGE},
-                           {C_KVBYTES, "KV MiB", FM_MIB},   {C_GBPS, "GB/s", FM_F1},        {C_BWRATIO, "/BW", FM_X},
-                           {C_FMARATIO, "/FMA", FM_X},      {C_BOUND, "bound", FM_STR},     {C_RATIO, "vs f16", FM_X},
-                           {C_RATIOMIN, "(min)", FM_X},     {C_EXPECTED, "target", FM_F2},  {C_PASS, "", FM_STR},
-                           {C_NOTE, "note", FM_STR}};
-  char title[900], ctxs[32];
-  fmt_sep(t->n ? t->r[0].num[C_CTX] : 0, ctxs, sizeof ctxs);
-  snprintf(title, sizeof title,
-           "Decode per storage dtype: GQA H=%d G=%d D=%d, %s tokens, 1 thread, cold caches; the four caches timed\n"
-           "  in turns (one call of each per round) so that their ratios share the machine's conditions.\n"
-           "  vs f16 = median time / f16's median ((min) = the ratio of the fastest calls, less sensitive to\n"
-           "  other load); target = the issue's (int8 <= 0.65, fp8 <= 0.75 of f16); bound = the roof with the\n"
-           "  longer floor (mem: KV bytes / read bandwidth, fma: flop / FMA peak), /BW and /FMA its ratios.",
-           o->H, o->G, o->D, ctxs);
-  print_table(title, v, NV(v), t, -1);
-}
-
 
 /* ---- decode against context: the linear cost and the cache-to-DRAM step ---- */
 

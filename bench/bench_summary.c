@@ -1,17 +1,222 @@
-/* bench/bench_summary.c - kvattn_bench summary (the default, what `make bench` runs). */
+/* bench/bench_summary.c - kvattn_bench summary, the default (what `make bench` runs). It answers
+   the bench's question first: how do the attention variants compare by memory per token, speed and
+   accuracy? In order: memory per token of every model preset for its own attention and the
+   variants in f16 / int8 / fp8 (memory_summary, bench_memory.c); this machine in one line; one
+   decode line per variant; GQA decode per storage dtype against f16 with each dtype's output
+   error. The tables are compact; --csv and --json carry every row. */
 #include "harness.h"
 
-/* one decode line per variant, then GQA decode per storage dtype */
+/* time(dtype) / time(f16) targets for GQA decode at long context: a 1-byte type reads about
+   half of f16's bytes, so a bandwidth-bound decode should approach 0.5; the targets leave room
+   for the conversion to f32 (int8: one scale per token and KV head; fp8: one tensor scale) */
+static double dtype_target(kva_dtype dt) {
+  return dt == KVA_INT8 ? 0.65 : (dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2) ? 0.75 : 0;
+}
+
+/* GQA decode (o->H, o->G, o->D), 1 thread, cold caches, at the largest --ctx: f16, int8,
+   fp8_e4m3, fp8_e5m2, timed in turns (time_interleaved) so that their ratios share the
+   machine's conditions. Rows: section decode_dtype. */
+static void run_dtype_block(const opts *o, const machine *m, rows *t) {
+  static const kva_dtype dts[] = {KVA_F16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
+  enum { ND = 4 };
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  long ctx = 0;
+  kva_cache *c[ND];
+  kva_status st[ND];
+  call_ctx x[ND];
+  call_fn f[ND];
+  timing tm[ND];
+  int seq[ND], i, j, n = 0, idx[ND];
+  uint64_t rng = o->seed + 5;
+  float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+  for (i = 0; i < o->n_ctx; i++)
+    if (o->ctx[i] > ctx) ctx = o->ctx[i];
+  for (i = 0; i < ND; i++) {
+    c[i] = NULL;
+    progress("decode per dtype: %s ctx=%ld, filling the cache", dtype_str(dts[i]), ctx);
+    st[i] = build_cache(&s, dts[i], ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c[i], &seq[i]);
+    if (st[i] != KVA_OK) continue;
+    memset(&x[n], 0, sizeof x[n]);
+    x[n].c = c[i];
+    x[n].seq = seq[i];
+    x[n].a = shape_attn(&s, 1);
+    x[n].q = q;
+    x[n].n_q = 1;
+    x[n].out = out;
+    f[n] = call_cache;
+    idx[n++] = i;
+  }
+  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, cold", ctx, n);
+  if (n) time_interleaved(f, x, n, 1, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
+  progress_end();
+  for (i = 0; i < ND; i++) {
+    row *w = rows_add(t, "decode_dtype");
+    timing *ti = NULL, *base = NULL;
+    double tgt = dtype_target(dts[i]);
+    for (j = 0; j < n; j++) {
+      if (idx[j] == i) ti = &tm[j];
+      if (dts[idx[j]] == KVA_F16 && tm[j].st == KVA_OK) base = &tm[j];
+    }
+    set_shape_cols(w, &s, dts[i]);
+    rn(w, C_CTX, (double)ctx);
+    rn(w, C_THREADS, 1);
+    rs(w, C_MODE, "cold");
+    rn(w, C_NQ, 1);
+    rn(w, C_BLOCK, 16);
+    if (st[i] != KVA_OK || !ti || ti->st != KVA_OK) {
+      kva_status e = st[i] != KVA_OK ? st[i] : ti ? ti->st : KVA_ERR_ARG;
+      rs(w, C_NOTE, e == KVA_ERR_UNSUPPORTED ? "unsupported" : "%s: %s", st[i] != KVA_OK ? "cache" : "attend",
+         kva_status_str(e));
+      if (e != KVA_ERR_UNSUPPORTED) g_failed = 1;
+      continue;
+    }
+    set_timing(w, ti);
+    set_roof(w, m, 1, (double)ctx * (double)shape_bpt(&s, dts[i]), 2.0 * s.H * (double)ctx * (s.D + s.DV), ti->med);
+    rn(w, C_NSTOK, ti->med / (double)ctx * 1e9);
+    if (!base) continue;
+    set_base_timing(w, base);
+    rn(w, C_RATIO, ti->med / base->med);
+    rn(w, C_RATIOMIN, ti->mn / base->mn);
+    if (tgt > 0) {
+      rn(w, C_EXPECTED, tgt);
+      rs(w, C_PASS, ti->med / base->med <= tgt ? "met" : "missed");
+    }
+    rs(w, C_NOTE, "%s", dts[i] == KVA_F16 ? "the base"
+                        : dts[i] == KVA_INT8 ? "1 B/value + an fp32 scale per token and KV head"
+                                             : "1 B/value, tensor scale 1.0 (timing does not depend on it)");
+  }
+  for (i = 0; i < ND; i++)
+    if (c[i]) kva_cache_destroy(c[i]);
+  free(q);
+  free(out);
+}
+
+/* the largest of o->ctx */
+static long max_ctx(const opts *o) {
+  long c = 0;
+  int i;
+  for (i = 0; i < o->n_ctx; i++)
+    if (o->ctx[i] > c) c = o->ctx[i];
+  return c;
+}
+
+/* one line per decode series (variant, dtype): the time at each context, and at the largest the
+   cost per token, GB/s, the bandwidth ratio and the bound. The display rows use columns as slots. */
+static void print_decode_lines(const rows *t, const opts *o) {
+  static const int slot[4] = {C_TMED, C_BASET, C_STEPMID, C_STEPEND};
+  vcol v[16];
+  char heads[4][32], title[900], ctxs[32];
+  rows d = {0};
+  long cmax = max_ctx(o);
+  int i, k, nv = 0, nc = o->n_ctx < 4 ? o->n_ctx : 4;
+  if (g_fmt != OUT_TABLE) return;
+  for (i = 0; i < t->n; i++) {
+    const row *r = &t->r[i];
+    row *w = NULL;
+    if (d.n && !strcmp(d.r[d.n - 1].str[C_VARIANT], r->str[C_VARIANT]) && r->kind[C_DTYPE] == 2 &&
+        d.r[d.n - 1].kind[C_DTYPE] == 2 && !strcmp(d.r[d.n - 1].str[C_DTYPE], r->str[C_DTYPE]))
+      w = &d.r[d.n - 1];
+    else {
+      w = rows_add(&d, "decode");
+      rs(w, C_VARIANT, "%s", r->str[C_VARIANT]);
+      if (r->kind[C_DTYPE] == 2) rs(w, C_DTYPE, "%s", r->str[C_DTYPE]);
+      rn(w, C_KVHEADS, r->num[C_KVHEADS]);
+    }
+    if (r->kind[C_NOTE] == 2) rs(w, C_NOTE, "%s", r->str[C_NOTE]);
+    if (r->kind[C_TMED] != 1) continue;
+    rn(w, C_BPTL, r->num[C_KVBYTES] / r->num[C_CTX]);
+    for (k = 0; k < nc; k++)
+      if (r->num[C_CTX] == (double)o->ctx[k]) rn(w, slot[k], r->num[C_TMED]);
+    if (r->num[C_CTX] == (double)cmax) {
+      rn(w, C_NSTOK, r->num[C_NSTOK]);
+      rn(w, C_GBPS, r->num[C_GBPS]);
+      rn(w, C_BWRATIO, r->num[C_BWRATIO]);
+      rs(w, C_BOUND, "%s", r->str[C_BOUND]);
+    }
+  }
+  v[nv].col = C_VARIANT; v[nv].head = "variant"; v[nv++].fm = FM_STR;
+  if (o->n_dtypes > 1) { v[nv].col = C_DTYPE; v[nv].head = "dtype"; v[nv++].fm = FM_STR; }
+  v[nv].col = C_KVHEADS; v[nv].head = "KV heads"; v[nv++].fm = FM_INT;
+  v[nv].col = C_BPTL; v[nv].head = "B/token/layer"; v[nv++].fm = FM_SEP;
+  for (k = 0; k < nc; k++) {
+    if (o->ctx[k] % 1024 == 0) snprintf(heads[k], sizeof heads[k], "ms @%ldK", o->ctx[k] / 1024);
+    else snprintf(heads[k], sizeof heads[k], "ms @%ld", o->ctx[k]);
+    v[nv].col = slot[k]; v[nv].head = heads[k]; v[nv++].fm = FM_MS;
+  }
+  v[nv].col = C_NSTOK; v[nv].head = "ns/token"; v[nv++].fm = FM_F1;
+  v[nv].col = C_GBPS; v[nv].head = "GB/s"; v[nv++].fm = FM_F1;
+  v[nv].col = C_BWRATIO; v[nv].head = "/BW"; v[nv++].fm = FM_X;
+  v[nv].col = C_BOUND; v[nv].head = "bound"; v[nv++].fm = FM_STR;
+  for (i = 0; i < d.n; i++) /* a note column only for a failure to show */
+    if (d.r[i].kind[C_NOTE] == 2) {
+      v[nv].col = C_NOTE; v[nv].head = "note"; v[nv++].fm = FM_STR;
+      break;
+    }
+  fmt_sep((double)cmax, ctxs, sizeof ctxs);
+  snprintf(title, sizeof title,
+           "Decode per variant: one query token over ctx cached tokens (kva_attend_cache, one layer, %s), %d query\n"
+           "  heads of %d (GQA: %d KV heads; MLA: one latent head of %d+%d, absorbed), %ld thread%s, %s caches, medians.\n"
+           "  At %s tokens: GB/s of KV read, /BW = over the read bandwidth, bound = mem or fma (the longer floor)",
+           o->n_dtypes == 1 ? dtype_str(o->dtypes[0]) : "per dtype", o->H, o->D, o->G, 4 * o->D, o->D / 2,
+           o->threads[0], o->threads[0] > 1 ? "s" : "", o->cold ? "cold" : "warm", ctxs);
+  print_table(title, v, nv, &d, -1);
+  rows_free(&d);
+}
+
+static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
+  static const vcol v[] = {{C_DTYPE, "dtype", FM_STR},       {C_BPTL, "B/token/layer", FM_SEP},
+                           {C_TMED, "ms", FM_MS},            {C_TMIN, "ms min-max", FM_RANGE},
+                           {C_GBPS, "GB/s", FM_F1},          {C_BWRATIO, "/BW", FM_X},
+                           {C_RATIO, "vs f16", FM_X},        {C_RATIOMIN, "(min)", FM_X},
+                           {C_EXPECTED, "target", FM_F2},    {C_PASS, "", FM_STR},
+                           {C_RELRMS, "out err vs f32", FM_E}, {C_NOTE, "note", FM_STR}};
+  int nv = NV(v) - 1; /* the note column only for a failure to show */
+  char title[1200], ctxs[32], ectx[32];
+  rows d = {0};
+  int i;
+  if (g_fmt != OUT_TABLE) return;
+  for (i = 0; i < t->n; i++) { /* a copy with B/token/layer: the rows carry the KV bytes per call */
+    const row *r = &t->r[i];
+    row *w = rows_add(&d, "decode_dtype");
+    int c;
+    for (c = 0; c < NCOL; c++) {
+      if (r->kind[c] == 1) rn(w, c, r->num[c]);
+      else if (r->kind[c] == 2 && c != C_SECTION) rs(w, c, "%s", r->str[c]);
+    }
+    if (r->kind[C_KVBYTES] == 1) rn(w, C_BPTL, r->num[C_KVBYTES] / r->num[C_CTX]);
+    if (r->kind[C_NOTE] == 2 && r->kind[C_TMED] == 1) w->kind[C_NOTE] = 0; /* only failures */
+    if (w->kind[C_NOTE] == 2) nv = NV(v);
+  }
+  fmt_sep(t->n ? t->r[0].num[C_CTX] : 0, ctxs, sizeof ctxs);
+  fmt_sep((double)err_ctx, ectx, sizeof ectx);
+  snprintf(title, sizeof title,
+           "Decode per storage dtype: GQA (H=%d G=%d D=%d), %s tokens, 1 thread, cold, the caches timed in turns.\n"
+           "  vs f16 = median time / f16's ((min): fastest calls); target: int8 <= 0.65, fp8 <= 0.75 of f16's time\n"
+           "  (half the bytes). out err = relative RMS error of the output against the same K/V stored as f32\n"
+           "  (%s tokens with outlier key channels; fp8 scales max|k|/200, max|v|/100 as vLLM's rule)",
+           o->H, o->G, o->D, ctxs, ectx);
+  print_table(title, v, nv, &d, -1);
+  rows_free(&d);
+}
+
+/* the summary after the memory table and the machine: decode per variant, then per dtype */
 void summary_speed(const opts *o, const machine *m) {
+  static const kva_dtype dts[4] = {KVA_F16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
   rows t = {0};
+  double err[4];
+  long err_ctx = 4096;
+  int i, k;
   run_decode(o, m, &t);
-  print_decode(&t, "Decode summary: one query token over an F16 cache (H=32 G=8 D=128 and its MHA/MQA/MLA\n"
-                   "  variants), 1 thread, cold caches; /BW = KV bytes per second over the read bandwidth above\n"
-                   "  (`kvattn_bench speed` for dtypes, threads, warm caches, prefill; --help for all)");
+  print_decode_lines(&t, o);
   emit_rows(&t);
   rows_free(&t);
   run_dtype_block(o, m, &t);
-  print_dtype_block(&t, o);
+  quality_dtype_errors(o, dts, 4, err_ctx, o->quick ? 2 : 4, err);
+  for (i = 0; i < t.n; i++)
+    for (k = 0; k < 4; k++)
+      if (t.r[i].kind[C_DTYPE] == 2 && !strcmp(t.r[i].str[C_DTYPE], dtype_str(dts[k])) && err[k] >= 0)
+        rn(&t.r[i], C_RELRMS, err[k]);
+  print_dtype_block(&t, o, err_ctx);
   emit_rows(&t);
   rows_free(&t);
 }

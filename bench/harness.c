@@ -771,7 +771,8 @@ void machine_measure(machine *m, const opts *o, const long *thr, int n_thr) {
       rs(w, C_NAME, "load average (1 min)");
       rn(w, C_VALUE, l1);
       rs(w, C_NOTE, l1 > 0.5 ? "WARNING: other processes are running; timings are unreliable" : "quiet");
-      if (l1 > 0.5) fprintf(stderr, "kvattn_bench: load average %.2f: other processes skew the timings\n", l1);
+      if (l1 > 0.5 && (g_fmt != OUT_TABLE || strcmp(o->cmd, "summary") != 0)) /* (the summary says it in its table) */
+        fprintf(stderr, "kvattn_bench: load average %.2f: other processes skew the timings\n", l1);
     }
   }
   {
@@ -780,10 +781,23 @@ void machine_measure(machine *m, const opts *o, const long *thr, int n_thr) {
     rs(w, C_VALUE, "%s", KVATTN_VERSION_STRING);
     rs(w, C_NOTE, "kernels: %s; OpenMP threads available: %d", kva_simd_name(), max_threads());
   }
-  {
+  if (strcmp(o->cmd, "summary") != 0) {
     static const vcol v[] = {{C_NAME, "machine", FM_STR}, {C_THREADS, "threads", FM_INT},
                              {C_VALUE, "value", FM_F1}, {C_UNIT, "unit", FM_STR}, {C_NOTE, "how", FM_STR}};
     print_table("This machine, measured in this run", v, NV(v), &t, -1);
+  } else {
+    /* the summary: one line (the table: kvattn_bench speed) */
+    char bw[160];
+    size_t n = 0;
+    double load = -1;
+    for (i = 0; i < m->n && n < sizeof bw; i++)
+      n += (size_t)snprintf(bw + n, sizeof bw - n, "%s%.1f GB/s (%d thread%s)", i ? ", " : "", m->r[i].bw_best,
+                            m->r[i].nt, m->r[i].nt > 1 ? "s" : "");
+    for (i = 0; i < t.n; i++)
+      if (!strcmp(t.r[i].str[C_NAME], "load average (1 min)")) load = t.r[i].num[C_VALUE];
+    text("\nThis machine: read %s; FP32 FMA peak %.0f GFLOP/s (%s, 1 thread)\n", bw, m->r[0].fma[m->isa],
+         isa_name[m->isa]);
+    if (load > 0.5) text("  WARNING: other processes are running (load average %.2f): timings are unreliable\n", load);
   }
   emit_rows(&t);
   rows_free(&t);

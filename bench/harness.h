@@ -116,7 +116,7 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(RATIOMIN, "ratio_min") X(PLAN, "plan_s") X(PLANFRAC, "plan_over_run") X(TOKENS, "tokens_total") X(LENS, "lengths")                   \
   X(SPLITS, "kv_splits") X(UNITS, "work_units") X(IDENT, "identical") X(TENSOR, "tensor") X(RULE, "rule")    \
   X(SCALE, "scale") X(RTRMS, "roundtrip_rel_rms") X(SAT, "saturated")                                       \
-  X(WHERE, "where") X(NOTE, "note")
+  X(SOURCE, "source") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,
 enum { COLUMNS(X_ENUM) NCOL };
@@ -352,16 +352,17 @@ void set_shape_cols(row *w, const shape *s, kva_dtype dt);
 
 /* bench_memory.c */
 void cmd_memory(const opts *o);
-void memory_curve(const opts *o);
+void memory_summary(const opts *o);
+void memory_curve(const opts *o, int show); /* show: a pivot table too (table mode) */
 /* bench_speed.c */
 void run_decode(const opts *o, const machine *m, rows *t);
 void print_decode(const rows *t, const char *title);
-void run_dtype_block(const opts *o, const machine *m, rows *t);
-void print_dtype_block(const rows *t, const opts *o);
 void sweep_opts(opts *so);
 void rows_sort_series(rows *t);
 /* bench_mla.c */
 void cmd_mla(int quick);
+/* bench_quality.c */
+void quality_dtype_errors(const opts *o, const kva_dtype *dts, int n_dt, long n, int T, double *rel);
 /* bench_summary.c */
 void summary_speed(const opts *o, const machine *m);
 

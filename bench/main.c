@@ -67,20 +67,28 @@ int main(int argc, char **argv) {
                    "\"simd\": \"%s\", \"subcommand\": \"%s\", \"rows\": [",
             BENCH_VERSION, KVATTN_VERSION_STRING, kva_simd_name(), cmd);
   }
-  text("kvattn_bench %s: kvattn %s, kernels %s, %d OpenMP thread(s)\n", cmd, KVATTN_VERSION_STRING, kva_simd_name(),
-       max_threads());
+  if (!strcmp(cmd, "summary"))
+    text("kvattn_bench: attention variants compared by memory per token, speed and accuracy\n"
+         "(kvattn %s, kernels %s, %d OpenMP thread(s); kvattn_bench --help for every subcommand)\n",
+         KVATTN_VERSION_STRING, kva_simd_name(), max_threads());
+  else
+    text("kvattn_bench %s: kvattn %s, kernels %s, %d OpenMP thread(s)\n", cmd, KVATTN_VERSION_STRING, kva_simd_name(),
+         max_threads());
 
   need_machine = strcmp(cmd, "memory") != 0 && strcmp(cmd, "quality") != 0 && strcmp(cmd, "mla") != 0 &&
                  (strcmp(cmd, "paged") != 0 || (o.parts & PART_ATTN));
   mp = need_machine ? &m : NULL;
   if (!strcmp(cmd, "mla")) cmd_mla(o.quick);
 
-  if (!strcmp(cmd, "memory") || !strcmp(cmd, "summary") || !strcmp(cmd, "all")) {
+  if (!strcmp(cmd, "summary")) {
+    defaults_for(&o, &sf, "memory");
+    memory_summary(&o);
+  } else if (!strcmp(cmd, "memory") || !strcmp(cmd, "all")) {
     defaults_for(&o, &sf, "memory");
     cmd_memory(&o);
   } else if (!strcmp(cmd, "plot-data")) {
     defaults_for(&o, &sf, "memory");
-    memory_curve(&o);
+    memory_curve(&o, 0);
   }
   if (need_machine) {
     defaults_for(&o, &sf, !strcmp(cmd, "all") ? "speed" : cmd);

@@ -9,15 +9,21 @@ static void usage(void) {
       "usage: kvattn_bench [SUBCOMMAND] [OPTIONS]   (the subcommand may stand anywhere)\n"
       "\n"
       "subcommands\n"
-      "  summary     (default; what `make bench` runs) the memory table of every preset, the FACTS.md\n"
-      "              checks and the seed's corrected table, this machine's read bandwidth and FMA peak,\n"
-      "              and one decode line per variant: F16, 1 thread, cold, 4096 and 32768 tokens; then\n"
-      "              GQA decode at the largest --ctx per dtype (f16, int8, fp8_e4m3, fp8_e5m2; 1 thread,\n"
-      "              cold, timed in turns, at least 9 reps unless --reps): time vs f16 against the\n"
-      "              targets int8 <= 0.65, fp8 <= 0.75 (met / missed), the bound roof, /BW\n"
+      "  summary     (default; what `make bench` runs) attention variants compared by memory per\n"
+      "              token, speed and accuracy: bytes per token and GB at 131,072 tokens of every model\n"
+      "              preset for its own attention and MHA / GQA / MQA / MLA in f16, int8 and fp8 (from\n"
+      "              the library, checked on a real cache), the presets against their published\n"
+      "              configurations (one line); this machine's read bandwidth and FMA peak (one line);\n"
+      "              one decode line per variant (f16, 1 thread, cold, 4096 and 32768 tokens); GQA\n"
+      "              decode at the largest --ctx per dtype (f16, int8, fp8_e4m3, fp8_e5m2; timed in\n"
+      "              turns, at least 9 reps unless --reps) against the targets int8 <= 0.65, fp8 <= 0.75\n"
+      "              of f16's time, with each dtype's output error against f32 storage. --csv / --json:\n"
+      "              every row (all six dtypes of the memory table)\n"
       "  memory      bytes per token for MHA, MQA, GQA and MLA of each model, per dtype; at --ctx and\n"
-      "              --batch; what fits --mem; checked against a real cache; FACTS.md checks; the seed's\n"
-      "              comparison table corrected; KV memory against context (the plot's data)\n"
+      "              --batch; what fits --mem; checked against a real cache; the presets against their\n"
+      "              published configurations; KV memory against context (the plot's data)\n"
+      , BENCH_VERSION, KVATTN_VERSION_STRING, kva_simd_name());
+  fputs(
       "  speed       read bandwidth (1 and all threads), FMA peak and the cost of an OpenMP parallel\n"
       "              region (fork/join); decode for the variants, dtypes, contexts, thread counts, cold\n"
       "              and warm (part decode); prefill (GFLOP/s against the FMA peak; part prefill); paged\n"
@@ -27,7 +33,7 @@ static void usage(void) {
       "              of the outputs (part threads); continuous-batching decode: kva_attend_batch against\n"
       "              a loop of kva_attend_cache, GQA over --batch-seqs sequences and MQA over 2 long ones,\n"
       "              1 and 2 threads, plan time, outputs compared (part batch)\n"
-      "  quality     decode output error of F16/BF16 (and INT8/FP8 once supported) storage against F32\n"
+      "  quality     decode output error of F16, BF16, INT8 and FP8 (E4M3, E5M2) storage against F32\n"
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
       "              --evict-ctx generation, each step's output against the full cache, bytes held,\n"
@@ -47,23 +53,22 @@ static void usage(void) {
       "              DIR/bench.csv and draws DIR/*.png if gnuplot is installed. `make plot\n"
       "              BENCH_ARGS=plot-data` does the same through the Makefile.\n"
       "  mla         MLA decode step, DeepSeek-V2 attention dims, 16 and 128 heads, 1K/4K/16K tokens:\n"
-"              absorbed against naive (--quick: 16 heads, 1K and 4K)\n"
-"  all         memory, speed, quality and paged\n"
+      "              absorbed against naive (--quick: 16 heads, 1K and 4K)\n"
+      "  all         memory, speed, quality and paged\n"
       "\n"
-      , BENCH_VERSION, KVATTN_VERSION_STRING, kva_simd_name());
+      , stdout);
   fputs(
       "shapes and sizes\n"
       "  --model M           a preset (Llama-2-7B Llama-2-70B Llama-3-8B Llama-3-70B Mistral-7B DeepSeek-V2\n"
       "                      DeepSeek-V3) or a custom L,H,G,D[,LATENT,ROPE] (layers, query heads, KV heads,\n"
-      "                      head dim; MLA dims default to latent 4*D, rope D/2). Repeatable; memory only;\n"
-      "                      default: every preset\n"
+      "                      head dim; MLA dims default to latent 4*D, rope D/2). Repeatable; memory and\n"
+      "                      summary; default: every preset\n"
       "  --shape H,G,D       the attention shape of speed, quality and paged (default 32,8,128); the\n"
       "                      variants are MHA (G=H), GQA (G), MQA (G=1), MLA (one latent head of\n"
       "                      4D + D/2 values, V = the first 4D, H query heads: absorbed decode)\n"
       "  --variants LIST     mha,gqa,mqa,mla (default: all; quality: gqa,mla; paged: gqa)\n"
       "  --dtypes LIST       f16,bf16,f32,int8,fp8_e4m3,fp8_e5m2 (memory default: all six; speed: f16,bf16,\n"
-      "                      f32; summary: f16; quality: f16,bf16,int8,fp8_e4m3,fp8_e5m2; paged: f16,f32).\n"
-      "                      A dtype the library does not support yet shows as n/a (not yet)\n"
+      "                      f32; summary: f16; quality: f16,bf16,int8,fp8_e4m3,fp8_e5m2; paged: f16,f32)\n"
       "  --ctx LIST          context lengths; memory: default 131072; speed/summary: 4096,32768;\n"
       "                      quality: 4096; paged: 4096,32768; plot-data: 1024..32768 (1k = 1024)\n"
       "  --batch N           sequences for memory (default 1)\n"
@@ -101,10 +106,9 @@ static void usage(void) {
       , stdout);
   fputs(
       "parts, traces and eviction\n"
-      "  --parts LIST        which tables paged, quality and speed print: attn,trace,prefix,ops (paged);\n"
-      "                      dtypes,evict,calib (quality); decode,prefill,contig,threads,batch,sweep\n"
-      "                      (speed); default all but sweep. paged without attn skips the machine\n"
-      "                      measurements (e.g. `paged --parts trace,prefix,ops` takes seconds)\n"
+      "  --parts LIST        which parts speed, quality and paged run (listed below); default all but\n"
+      "                      sweep. paged without attn skips the machine measurements (e.g. `paged\n"
+      "                      --parts trace,prefix,ops` takes seconds)\n"
       "  --trace-requests N  paged trace: requests (default 400, --quick 200); prompts log-uniform\n"
       "                      16..1024 tokens, outputs 16..512 (both capped by --max-len), seeded by --seed\n"
       "  --trace-pool N      paged trace: pool size in tokens (default 32768 = 128 MiB per layer)\n"
@@ -131,9 +135,11 @@ static void usage(void) {
       "  --help              this text\n"
       "\n"
       "Every figure comes from the library (kva_cache_bytes_per_token, kva_cache_get_stats,\n"
-      "kva_attend_cache, kva_attend). Exit status: 0, or 1 if a FACTS.md check failed or a call\n"
-      "failed unexpectedly, 2 on bad options.\n",
+      "kva_attend_cache, kva_attend). Exit status: 0, or 1 if a check failed (a preset against its\n"
+      "published configuration, the allocator, outputs compared bitwise) or a call failed\n"
+      "unexpectedly, 2 on bad options.\n",
       stdout);
+  printf("\nparts (--parts): %s\n", part_list());
 }
 
 static int bad(const char *what, const char *arg) {
