@@ -1445,45 +1445,139 @@ static void rstrip(char *s) {
   while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
 }
 
+/* Runs -t 0 -i PROMPT -n STEPS (plus flags), compares with the reference's
+   greedy text; returns the program's text (malloc'd) or NULL. */
+static char *greedy_single(const Model *m, const Vocab *v, const char *ck, const char *tk,
+                           const char *prompt, int steps, const char *flags) {
+  char text[4096], why[8192], name[300];
+  int amb;
+  Run r;
+  char *out = NULL;
+  ref_generate(m, v, prompt, steps, text, sizeof text, &amb);
+  rstrip(text);
+  r = run_prog("'%s' -z '%s' -t 0 -n %d %s -i '%s'", ck, tk, steps, flags, prompt);
+  snprintf(name, sizeof name, "greedy -i \"%s\" -n %d %s= reference", prompt, steps, flags);
+  if (!run_ok(&r, why, sizeof why)) {
+    report(0, name, "%s", why);
+  } else {
+    rstrip(r.out);
+    if (amb >= 0) {
+      text[amb] = '\0';
+      note("reference argmax nearly tied after \"%s\": comparing that prefix only", text);
+      report(strncmp(r.out, text, strlen(text)) == 0, name, "program \"%s\", reference prefix \"%s\"", r.out,
+             text);
+    } else {
+      report(strcmp(r.out, text) == 0, name, "program \"%s\", reference \"%s\"", r.out, text);
+    }
+    out = r.out;
+    r.out = NULL;
+  }
+  run_free(&r);
+  return out;
+}
+
+/* the number before `word` in s (e.g. "3 preemptions"), or -1 */
+static long number_before(const char *s, const char *word) {
+  const char *p = strstr(s, word);
+  if (!p || p == s) return -1;
+  while (p > s && p[-1] == ' ') p--;
+  while (p > s && isdigit((unsigned char)p[-1])) p--;
+  if (!isdigit((unsigned char)*p)) return -1;
+  return strtol(p, NULL, 10);
+}
+
+/* --serve of the prompts (one per line) with flags: each "[request i] "
+   line must equal the -i run alone.  want_preempt / want_prefix: the run
+   must report preemptions ("N preemptions" on stderr) / prompt tokens
+   reused from the prefix cache ("(N of M prompt tokens reused)"), else the
+   check would not test what it says. */
+static void serve_check(const char *label, const char *ck, const char *tk, const char **prompts, int np,
+                        char **single, int steps, const char *flags, int want_preempt, int want_prefix) {
+  char buf[4096] = "", why[8192], name[300];
+  const char *reused;
+  int i, same = 0;
+  long pre, hit = -1, of = -1;
+  Run r;
+  for (i = 0; i < np; i++) {
+    strcat(buf, prompts[i]);
+    strcat(buf, "\n");
+  }
+  write_text(sp("serve.txt"), buf);
+  r = run_prog("'%s' -z '%s' -t 0 -n %d %s --serve '%s'", ck, tk, steps, flags, sp("serve.txt"));
+  snprintf(name, sizeof name, "--serve %s (%d prompts, -n %d %s)", label, np, steps, flags);
+  if (!run_ok(&r, why, sizeof why)) {
+    report(0, name, "%s", why);
+    run_free(&r);
+    return;
+  }
+  for (i = 0; i < np; i++) {
+    char tag[32], *p, *e, got[4096];
+    size_t len;
+    snprintf(tag, sizeof tag, "[request %d] ", i);
+    p = strstr(r.out, tag);
+    if (!p) {
+      report(0, name, "no line starting \"%s\" on stdout: %s", tag, first_line(r.out));
+      run_free(&r);
+      return;
+    }
+    p += strlen(tag);
+    e = strchr(p, '\n');
+    len = e ? (size_t)(e - p) : strlen(p);
+    if (len >= sizeof got) len = sizeof got - 1;
+    memcpy(got, p, len);
+    got[len] = '\0';
+    rstrip(got);
+    if (single[i] && strcmp(got, single[i]) == 0) {
+      same++;
+    } else {
+      report(0, name, "request %d: serve \"%s\", alone \"%s\"", i, got, single[i] ? single[i] : "(failed)");
+      run_free(&r);
+      return;
+    }
+  }
+  pre = number_before(r.err, " preemptions");
+  reused = strstr(r.err, " prompt tokens reused");
+  if (reused) {
+    while (reused > r.err && *reused != '(') reused--;
+    if (sscanf(reused, "(%ld of %ld", &hit, &of) != 2) hit = of = -1;
+  }
+  if (want_preempt && pre <= 0)
+    report(0, name, "all %d requests equal their -i runs, but stderr reports %ld preemptions", np, pre);
+  else if (want_prefix && hit <= 0)
+    report(0, name, "all %d requests equal their -i runs, but stderr reports %ld prompt tokens reused", np,
+           hit);
+  else
+    report(1, name, "all %d requests equal their -i runs (%ld preemptions, %ld of %ld prompt tokens reused)",
+           same, pre, hit, of);
+  run_free(&r);
+}
+
 static void check_generation(uint64_t seed) {
   Cfg c = {32, 64, 2, 4, 2, 330, 48, 0};
   static const char *prompts[] = {"the cat", "the cat sat", "the dog", "a cat on the", "hat",
                                   "the cat sat on"};
-  enum { NP = 6, STEPS = 20 };
+  /* a shared prefix of several 4-token blocks, for the prefix cache */
+  static const char *longp[] = {"the cat sat on the dog and the hat and a cat a",
+                                "the cat sat on the dog and the hat and a cat on the dog",
+                                "the cat sat on the dog and the hat and a cat sat",
+                                "the cat sat on the dog and the hat and a dog",
+                                "the cat sat on the dog and the hat and a cat a"};
+  enum { NP = 6, NL = 5, STEPS = 20, LSTEPS = 44 };
   Model m;
   Vocab v;
   const char *ck = sp("gen.bin"), *tk = sp("gen.tok");
-  char *single[NP], why[8192], name[200];
+  char *single[NP], *lsingle[NL], why[8192], name[200];
   int i;
   Run r;
   model_gen(&m, &c, seed, 1);
   vocab_gen(&v, c.vocab, seed + 1);
   write_ckpt(&m, ck);
   write_vocab(&v, tk);
-  for (i = 0; i < NP; i++) {
-    char text[2048];
-    int amb;
-    single[i] = NULL;
-    ref_generate(&m, &v, prompts[i], STEPS, text, sizeof text, &amb);
-    r = run_prog("'%s' -z '%s' -t 0 -n %d -i '%s'", ck, tk, STEPS, prompts[i]);
-    snprintf(name, sizeof name, "greedy -i \"%s\" -n %d = reference", prompts[i], STEPS);
-    if (!run_ok(&r, why, sizeof why)) {
-      report(0, name, "%s", why);
-    } else {
-      rstrip(r.out);
-      if (amb >= 0) {
-        text[amb] = '\0';
-        note("reference argmax nearly tied after \"%s\": comparing that prefix only", text);
-        report(strncmp(r.out, text, strlen(text)) == 0, name, "program \"%s\", reference prefix \"%s\"",
-               r.out, text);
-      } else {
-        report(strcmp(r.out, text) == 0, name, "program \"%s\", reference \"%s\"", r.out, text);
-      }
-      single[i] = r.out;
-      r.out = NULL;
-    }
-    run_free(&r);
-  }
+  for (i = 0; i < NP; i++) single[i] = greedy_single(&m, &v, ck, tk, prompts[i], STEPS, "");
+  for (i = 0; i < NL; i++) lsingle[i] = greedy_single(&m, &v, ck, tk, longp[i], LSTEPS, "--block-size 4");
+  /* fewer steps than prompt tokens; characters outside the vocabulary */
+  free(greedy_single(&m, &v, ck, tk, "the cat sat on", 3, ""));
+  free(greedy_single(&m, &v, ck, tk, "caf\xc3\xa9 \xc3\xbc\xc3\xa9t\xc3\xa9 ~", 24, ""));
   /* -n 0 and -n > seq_len both mean seq_len steps */
   {
     static const char *nflags[] = {"-n 0", "-n 1000"};
@@ -1491,6 +1585,7 @@ static void check_generation(uint64_t seed) {
     int amb, k;
     ref_generate(&m, &v, prompts[0], c.seq_len, text, sizeof text, &amb);
     if (amb >= 0) text[amb] = '\0';
+    rstrip(text);
     for (k = 0; k < 2; k++) {
       snprintf(name, sizeof name, "greedy %s = seq_len (%d) steps", nflags[k], c.seq_len);
       r = run_prog("'%s' -z '%s' -t 0 %s -i '%s'", ck, tk, nflags[k], prompts[0]);
@@ -1507,12 +1602,11 @@ static void check_generation(uint64_t seed) {
   /* sampling: the same seed gives the same text */
   {
     char *first = NULL;
-    int k, ok = 1;
+    int k;
     for (k = 0; k < 2; k++) {
       r = run_prog("'%s' -z '%s' -t 1.0 -p 0.9 -s 42 -n %d -i '%s'", ck, tk, STEPS, prompts[1]);
       if (!run_ok(&r, why, sizeof why)) {
         report(0, "sampling -t 1 -s 42 twice", "%s", why);
-        ok = -1;
         run_free(&r);
         break;
       }
@@ -1520,50 +1614,24 @@ static void check_generation(uint64_t seed) {
         first = r.out;
         r.out = NULL;
       } else {
-        ok = strcmp(first, r.out) == 0;
-        report(ok, "sampling -t 1 -s 42 twice: the same text", "\"%s\" / \"%s\"", first_line(first),
-               first_line(r.out));
+        report(strcmp(first, r.out) == 0, "sampling -t 1 -s 42 twice: the same text", "\"%s\" / \"%s\"",
+               first_line(first), first_line(r.out));
       }
       run_free(&r);
     }
     free(first);
   }
-  /* --serve: the same prompts in one run */
-  {
-    char buf[1024] = "";
-    for (i = 0; i < NP; i++) {
-      strcat(buf, prompts[i]);
-      strcat(buf, "\n");
-    }
-    write_text(sp("serve.txt"), buf);
-    r = run_prog("'%s' -z '%s' -t 0 -n %d --serve '%s'", ck, tk, STEPS, sp("serve.txt"));
-    if (!run_ok(&r, why, sizeof why)) {
-      report(0, "--serve of 6 prompts", "%s", why);
-    } else {
-      for (i = 0; i < NP; i++) {
-        char tag[32], *p, *e, got[2048];
-        size_t len;
-        snprintf(tag, sizeof tag, "[request %d] ", i);
-        snprintf(name, sizeof name, "--serve request %d = -i \"%s\" run alone", i, prompts[i]);
-        p = strstr(r.out, tag);
-        if (!p) {
-          report(0, name, "no line starting \"%s\" on stdout: %s", tag, first_line(r.out));
-          continue;
-        }
-        p += strlen(tag);
-        e = strchr(p, '\n');
-        len = e ? (size_t)(e - p) : strlen(p);
-        if (len >= sizeof got) len = sizeof got - 1;
-        memcpy(got, p, len);
-        got[len] = '\0';
-        rstrip(got);
-        report(single[i] && strcmp(got, single[i]) == 0, name, "serve \"%s\", alone \"%s\"", got,
-               single[i] ? single[i] : "(failed)");
-      }
-    }
-    run_free(&r);
-  }
+  /* --serve: the same prompts in one run, in several configurations */
+  serve_check("short prompts", ck, tk, prompts, NP, single, STEPS, "", 0, 0);
+  if (!quick)
+    serve_check("short prompts, 2 at once", ck, tk, prompts, NP, single, STEPS, "--max-batch 2", 0, 0);
+  serve_check("shared prefix, block size 4", ck, tk, longp, NL, lsingle, LSTEPS, "--block-size 4", 0, 1);
+  /* 5 requests of up to 44 positions = 11 blocks of 4 each; a pool of 16
+     blocks holds one request and part of another: preemption */
+  serve_check("shared prefix, 16-block pool (preemption)", ck, tk, longp, NL, lsingle, LSTEPS,
+              "--block-size 4 --kv-blocks 16", 1, 0);
   for (i = 0; i < NP; i++) free(single[i]);
+  for (i = 0; i < NL; i++) free(lsingle[i]);
   vocab_free(&v);
   model_free(&m);
 }
