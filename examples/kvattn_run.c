@@ -913,7 +913,6 @@ static void serve(const options *o, config *c, int steps) {
       r->n_tok = r->n_prompt;
       r->seq = -1;
       if (!llm_sampler_init(&r->smp, model.c.vocab_size, o->temperature, o->topp, o->seed)) die("out of memory");
-      text_add(r, "");
       forced = r->n_prompt - 1 < steps ? r->n_prompt - 1 : steps;
       for (k = 0; k < forced; k++) {
         if (r->tok[k + 1] == LLM_BOS) break;
@@ -962,7 +961,7 @@ static void serve(const options *o, config *c, int steps) {
     }
   }
   for (;;) {
-    int n_seq = 0, n_rows = 0, n_logit = 0, k, any_waiting = 0, all_done = 1;
+    int n_seq = 0, n_rows = 0, n_logit = 0, k, all_done = 1;
     kva_status s;
     for (i = 0; i < n_req; i++) all_done &= rq[i].done;
     if (all_done) break;
@@ -972,7 +971,6 @@ static void serve(const options *o, config *c, int steps) {
       int reused, seq;
       kva_fit fit;
       if (r->done || r->running) continue;
-      any_waiting = 1;
       if (kva_seq_new_prefix(cache, r->tok, r->n_tok, 0, &seq, &reused) != KVA_OK) break;
       if (ev.kind != KVA_EVICT_NONE) kva_seq_set_evict(cache, seq, &ev);
       fit = kva_seq_fits(cache, seq, r->n_tok - reused + 1, NULL);
@@ -991,7 +989,6 @@ static void serve(const options *o, config *c, int steps) {
       r->running = 1;
       run[n_run++] = i;
     }
-    (void)any_waiting;
     if (n_run == 0) continue; /* everything left failed to fit */
     if (n_run > peak) peak = n_run;
     /* this step's rows: decodes (1 row) for every running request, then
