@@ -84,7 +84,8 @@ $(BUILD)/kvattn_bench: $(BENCH_OBJS) | $(BUILD)
 -include $(BENCH_OBJS:.o=.d)
 
 bench:
-	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvattn_bench
+	@$(MAKE) --no-print-directory -q $(BUILD)/kvattn_bench || \
+	  $(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvattn_bench
 	$(BUILD_RUN)/kvattn_bench $(BENCH_ARGS)
 
 # bench/plot.gp gets the CSV path as `datafile` and the output folder as `outdir`.
