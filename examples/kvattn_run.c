@@ -514,37 +514,23 @@ static void fp8_scales(const options *o, config *c, int n_threads) {
     static int calibrated;
     if (!calibrated) { /* the K/V sample does not depend on the FP8 type: run the model once */
       char *text = read_text(o->fp8_calib, "--fp8-calib");
-      int n, seq, l, slot, i;
+      int n;
       int32_t *tok;
-      config f32;
-      kva_cache *cache;
       llm_state st;
-      size_t per = (size_t)model.c.kv_dim;
+      kva_status s;
       load_tokenizer(o);
       tok = encode_or_die(&tokenizer, text, 1, &n);
       if (n < 2) die("--fp8-calib %s: empty text", o->fp8_calib);
       if (n > model.c.seq_len) n = model.c.seq_len;
-      memset(&f32, 0, sizeof f32);
-      f32.cache.k_dtype = f32.cache.v_dtype = KVA_F32;
-      strcpy(f32.name, "f32");
-      cache = make_cache(&f32, llm_blocks_for(&f32.cache, n), 2);
       if (!llm_state_init(&st, &model, n < 256 ? n : 256, n_threads)) die("out of memory");
-      if (kva_seq_new(cache, &seq) != KVA_OK || llm_forward(&model, &st, cache, seq, tok, n, NULL, 0) != KVA_OK)
-        die("--fp8-calib: the calibration run failed");
-      nk = (size_t)model.c.n_layers * (size_t)n * per;
-      kbuf = (float *)malloc(nk * sizeof(float));
-      vbuf = (float *)malloc(nk * sizeof(float));
-      if (!kbuf || !vbuf) die("out of memory");
-      for (l = 0, i = 0; l < model.c.n_layers; l++)
-        for (slot = 0; slot < n; slot++, i++)
-          kva_seq_read(cache, seq, l, slot, kbuf + (size_t)i * per, vbuf + (size_t)i * per, NULL);
+      if ((s = llm_kv_sample(&model, &st, tok, n, &kbuf, &vbuf, &nk)) != KVA_OK)
+        die("--fp8-calib: the calibration run failed: %s", kva_status_str(s));
       llm_state_free(&st);
-      kva_cache_destroy(cache);
       free(tok);
       free(text);
-      calibrated = 1;
       fprintf(stderr, "fp8 calibration: K and V of %d tokens x %d layers from %s\n", n, model.c.n_layers,
               o->fp8_calib);
+      calibrated = 1;
     }
     if (kf != KVA_DTYPE_DEFAULT && kva_fp8_calibrate(kf, kbuf, nk, KVA_CALIB_MSE, &c->cache.k_scale) != KVA_OK)
       die("--fp8-calib: calibration failed");

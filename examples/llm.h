@@ -1151,4 +1151,41 @@ static inline kva_status llm_window_nll(const llm_model *m, llm_state *s, kva_ca
   return st;
 }
 
+/* K and V of every layer for tokens[0..n) (one sequence of a fresh F32
+   cache), as stored: K after RoPE.  *k and *v get malloc'd arrays of
+   n_layers * n * kv_dim floats each (*n_values): the sample that
+   kva_fp8_calibrate picks FP8 scales from. */
+static inline kva_status llm_kv_sample(const llm_model *m, llm_state *s, const int32_t *tokens, int n, float **k,
+                                       float **v, size_t *n_values) {
+  llm_cache_opts o;
+  kva_cache *c;
+  kva_status st;
+  size_t per = (size_t)m->c.kv_dim, i = 0;
+  int seq, l, slot;
+  *k = *v = NULL;
+  *n_values = 0;
+  memset(&o, 0, sizeof o);
+  o.k_dtype = o.v_dtype = KVA_F32;
+  o.n_blocks = llm_blocks_for(&o, n);
+  o.max_seqs = 1;
+  if ((st = llm_cache_create(m, &o, &c)) != KVA_OK) return st;
+  if ((st = kva_seq_new(c, &seq)) == KVA_OK) st = llm_forward(m, s, c, seq, tokens, n, NULL, 0);
+  if (st == KVA_OK) {
+    *k = (float *)malloc((size_t)m->c.n_layers * (size_t)n * per * sizeof(float));
+    *v = (float *)malloc((size_t)m->c.n_layers * (size_t)n * per * sizeof(float));
+    if (!*k || !*v) st = KVA_ERR_NOMEM;
+  }
+  for (l = 0; st == KVA_OK && l < m->c.n_layers; l++)
+    for (slot = 0; st == KVA_OK && slot < n; slot++, i++)
+      st = kva_seq_read(c, seq, l, slot, *k + i * per, *v + i * per, NULL);
+  kva_cache_destroy(c);
+  if (st != KVA_OK) {
+    free(*k), free(*v);
+    *k = *v = NULL;
+    return st;
+  }
+  *n_values = i * per;
+  return KVA_OK;
+}
+
 #endif /* LLM_H */
