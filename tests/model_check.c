@@ -449,8 +449,9 @@ static double round_float_format(double x, int mant_bits, int emin, double maxva
   return x < 0 ? -q : q;
 }
 
-/* quantizes one token's kv_dim values in place, head by head */
-static void quantize_row(double *x, int kv_dim, int hs, int type) {
+/* quantizes one token's kv_dim values in place, head by head; fp8_scale:
+   the FP8 tensor scale S (stored value = fp8(x / S)) */
+static void quantize_row(double *x, int kv_dim, int hs, int type, double fp8_scale) {
   int i, h;
   switch (type) {
     case Q_F16:
@@ -460,10 +461,10 @@ static void quantize_row(double *x, int kv_dim, int hs, int type) {
       for (i = 0; i < kv_dim; i++) x[i] = round_float_format(x[i], 7, -126, 3.38953139e38);
       break;
     case Q_E4M3:
-      for (i = 0; i < kv_dim; i++) x[i] = round_float_format(x[i], 3, -6, 448.0);
+      for (i = 0; i < kv_dim; i++) x[i] = round_float_format(x[i] / fp8_scale, 3, -6, 448.0) * fp8_scale;
       break;
     case Q_E5M2:
-      for (i = 0; i < kv_dim; i++) x[i] = round_float_format(x[i], 2, -14, 57344.0);
+      for (i = 0; i < kv_dim; i++) x[i] = round_float_format(x[i] / fp8_scale, 2, -14, 57344.0) * fp8_scale;
       break;
     case Q_INT8:
       for (h = 0; h < kv_dim / hs; h++) {
@@ -489,6 +490,11 @@ typedef struct {
   const Model *m;
   int variant, pos;
   int kq[MAX_LAYERS], vq[MAX_LAYERS];
+  /* window eviction (win_budget > 0): position pos attends to the first
+     win_sinks positions and the newest win_budget - win_sinks (itself
+     included) */
+  int win_budget, win_sinks;
+  double kscale, vscale; /* FP8 tensor scales of K and V */
   double *kc, *vc; /* [L][seq_len][kv_dim] */
   double *x, *xb, *q, *k, *v, *att, *ao, *h1, *h3, *t;
 } Ref;
@@ -501,6 +507,7 @@ static void ref_init(Ref *r, const Model *m, int variant) {
   memset(r, 0, sizeof *r);
   r->m = m;
   r->variant = variant;
+  r->kscale = r->vscale = 1;
   r->kc = (double *)xcalloc(cache, sizeof(double));
   r->vc = (double *)xcalloc(cache, sizeof(double));
   r->x = (double *)xcalloc((size_t)c->dim, sizeof(double));
@@ -530,6 +537,11 @@ static void ref_free(Ref *r) {
   free(r->t);
 }
 
+/* position j is not attended to from position pos (window eviction) */
+static int ref_evicted(const Ref *r, int j, int pos) {
+  return r->win_budget > 0 && j >= r->win_sinks && j <= pos - (r->win_budget - r->win_sinks);
+}
+
 /* feeds token at position r->pos, writes vocab logits (may be NULL) */
 static void ref_step(Ref *r, int token, double *logits) {
   const Model *m = r->m;
@@ -547,8 +559,8 @@ static void ref_step(Ref *r, int token, double *logits) {
     rope(r->q, c->n_heads, hs, pos);
     rope(r->k, c->n_kv_heads, hs, pos + (r->variant == 1));
     if (l < MAX_LAYERS) {
-      quantize_row(r->k, kvd, hs, r->kq[l]);
-      quantize_row(r->v, kvd, hs, r->vq[l]);
+      quantize_row(r->k, kvd, hs, r->kq[l], r->kscale);
+      quantize_row(r->v, kvd, hs, r->vq[l], r->vscale);
     }
     memcpy(kl + (size_t)pos * (size_t)kvd, r->k, (size_t)kvd * sizeof(double));
     memcpy(vl + (size_t)pos * (size_t)kvd, r->v, (size_t)kvd * sizeof(double));
@@ -558,21 +570,27 @@ static void ref_step(Ref *r, int token, double *logits) {
       double mx = -1e300, sum = 0;
       if (r->variant == 2 && pos > 0) last = pos - 1;
       for (j = first; j <= last; j++) {
-        const double *kj = kl + (size_t)j * (size_t)kvd + (size_t)kh * (size_t)hs;
+        const double *kj;
         double s = 0;
+        if (ref_evicted(r, j, pos)) continue;
+        kj = kl + (size_t)j * (size_t)kvd + (size_t)kh * (size_t)hs;
         for (i = 0; i < hs; i++) s += qh[i] * kj[i];
         s /= sqrt((double)hs);
         r->att[j] = s;
         if (s > mx) mx = s;
       }
       for (j = first; j <= last; j++) {
+        if (ref_evicted(r, j, pos)) continue;
         r->att[j] = exp(r->att[j] - mx);
         sum += r->att[j];
       }
       for (i = 0; i < hs; i++) r->ao[h * hs + i] = 0;
       for (j = first; j <= last; j++) {
-        const double *vj = vl + (size_t)j * (size_t)kvd + (size_t)kh * (size_t)hs;
-        double p = r->att[j] / sum;
+        const double *vj;
+        double p;
+        if (ref_evicted(r, j, pos)) continue;
+        vj = vl + (size_t)j * (size_t)kvd + (size_t)kh * (size_t)hs;
+        p = r->att[j] / sum;
         for (i = 0; i < hs; i++) r->ao[h * hs + i] += p * vj[i];
       }
     }
@@ -609,8 +627,36 @@ static double *ref_logits_kv(const Model *m, const int *tok, int n, int variant,
   return lg;
 }
 
+/* logits with window eviction: each position attends to the first `sinks`
+   positions and the newest budget - sinks (itself included) */
+static double *ref_logits_window(const Model *m, const int *tok, int n, int budget, int sinks) {
+  double *lg = (double *)xmalloc((size_t)n * (size_t)m->c.vocab * sizeof(double));
+  Ref r;
+  int t;
+  ref_init(&r, m, 0);
+  r.win_budget = budget;
+  r.win_sinks = sinks;
+  for (t = 0; t < n; t++) ref_step(&r, tok[t], lg + (size_t)t * (size_t)m->c.vocab);
+  ref_free(&r);
+  return lg;
+}
+
 static double *ref_logits(const Model *m, const int *tok, int n, int variant) {
   return ref_logits_kv(m, tok, n, variant, NULL, NULL);
+}
+
+/* FP8 E4M3 K and V with tensor scales ks, vs */
+static double *ref_logits_fp8(const Model *m, const int *tok, int n, double ks, double vs) {
+  double *lg = (double *)xmalloc((size_t)n * (size_t)m->c.vocab * sizeof(double));
+  Ref r;
+  int t, l;
+  ref_init(&r, m, 0);
+  for (l = 0; l < MAX_LAYERS; l++) r.kq[l] = r.vq[l] = Q_E4M3;
+  r.kscale = ks;
+  r.vscale = vs;
+  for (t = 0; t < n; t++) ref_step(&r, tok[t], lg + (size_t)t * (size_t)m->c.vocab);
+  ref_free(&r);
+  return lg;
 }
 
 /* the same type for K and V of every layer */
@@ -1092,7 +1138,7 @@ static int self_test(void) {
          round_float_format(-0.001, 3, -6, 448) == -0.001953125 &&
          round_float_format(0.3, 2, -14, 57344) == 0.3125 &&
          round_float_format(0.0009765625 * 1.5, 3, -6, 448) == 0.0009765625 * 2; /* subnormal */
-    quantize_row(x, 4, 4, Q_INT8); /* scale 0.3/127: 0.05 -> 21.17 -> 21 */
+    quantize_row(x, 4, 4, Q_INT8, 1); /* scale 0.3/127: 0.05 -> 21.17 -> 21 */
     ok = ok && x[0] == 0.3 && fabs(x[2] - 21 * 0.3 / 127) < 1e-15 && fabs(x[1] + 42 * 0.3 / 127) < 1e-15;
     report(ok, "self-test: f16, bf16, fp8, int8 storage rounding", "%s", ok ? "as computed by hand" : "wrong");
   }
@@ -1205,6 +1251,31 @@ static void check_case(const Case *cs, uint64_t seed, int full) {
       check_logits(name, ckp, tkp, idp, n, V, fl, ref, TOL_F32, 0);
     }
   }
+  if (full) {
+    /* window eviction, token by token: budgets below the token count */
+    static const int wb[][2] = {{8, 0}, {10, 2}, {5, 4}};
+    int k;
+    for (k = 0; k < 3; k++) {
+      char fl[100];
+      double *wref = ref_logits_window(&m, ids, n, wb[k][0], wb[k][1]), *lg;
+      double *alt = ref_logits_window(&m, ids, n, wb[k][0] + 1, wb[k][1]);
+      snprintf(name, sizeof name, "%s --evict window:%d:%d token by token = reference window", cs->name,
+               wb[k][0], wb[k][1]);
+      snprintf(fl, sizeof fl, "--evict window:%d:%d --chunk 1", wb[k][0], wb[k][1]);
+      lg = prog_logits(name, ckp, tkp, idp, n, V, fl);
+      if (lg) {
+        Cmp cw = compare(lg, wref, (size_t)n * V), ca = compare(lg, alt, (size_t)n * V),
+            cf = compare(lg, ref, (size_t)n * V);
+        report(cw.maxdiff <= TOL_F32 * cw.scale, name,
+               "max |diff| %.3g x scale (tolerance %.3g); from a window one larger %.3g, from no "
+               "eviction %.3g x scale",
+               cw.maxdiff / cw.scale, TOL_F32, ca.maxdiff / ca.scale, cf.maxdiff / cf.scale);
+        free(lg);
+      }
+      free(wref);
+      free(alt);
+    }
+  }
   for (i = 0; i < (int)(sizeof q / sizeof q[0]); i++) {
     char fl[100];
     double *emul;
@@ -1223,6 +1294,17 @@ static void check_case(const Case *cs, uint64_t seed, int full) {
     snprintf(name, sizeof name, "%s --k-dtype f16 --v-dtype int8, chunks of 4", cs->name);
     check_quant(name, ckp, tkp, idp, n, V, "--k-dtype f16 --v-dtype int8 --chunk 4", ref, emul, TOL_Q_INT8);
     free(emul);
+  }
+  if (full) {
+    /* FP8 tensor scales that are not powers of 2 change the rounding */
+    double *e1 = ref_logits_fp8(&m, ids, n, 0.3, 0.7), *e0 = ref_logits_fp8(&m, ids, n, 1, 1);
+    Cmp c10 = compare(e1, e0, (size_t)n * V);
+    snprintf(name, sizeof name, "%s fp8_e4m3 --fp8-scale 0.3,0.7 (reference differs from scale 1 by %.3g)",
+             cs->name, c10.maxdiff / c10.scale);
+    check_quant(name, ckp, tkp, idp, n, V, "--kv-dtype fp8_e4m3 --fp8-scale 0.3,0.7 --chunk 3", ref, e1,
+                c10.maxdiff / c10.scale / 10 < TOL_Q_E4M3 ? c10.maxdiff / c10.scale / 10 : TOL_Q_E4M3);
+    free(e1);
+    free(e0);
   }
   {
     double tmax = 0;
