@@ -1,7 +1,6 @@
 /* bench/bench_speed.c - kvattn_bench speed: decode for the variants, dtypes, contexts, thread
-   counts, cold and warm; prefill; paged against contiguous arrays; decode per storage dtype
-   (the summary's block); decode against context (--sweep). Thread scaling and batching are in
-   bench_speed_threads.c. */
+   counts, cold and warm; prefill; paged against contiguous arrays; decode against context
+   (--sweep). Thread scaling and batching are in bench_speed_threads.c. */
 #include "harness.h"
 
 static const vcol decode_view[] = {

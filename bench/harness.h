@@ -4,11 +4,13 @@
 
    The program: main.c (dispatch), options.c (--help, argument parsing, per-subcommand defaults),
    harness.c (this header's functions), and one file per subcommand or part of one:
-     bench_summary.c          summary (the default: memory per token, the machine, decode, dtypes)
-     bench_memory.c           memory (bytes per token of every preset, checks, memory against context)
-     bench_speed.c            speed: decode, prefill, paged vs contiguous, per-dtype decode, sweep
+     bench_summary.c          summary (the default): decode per variant, decode and error per dtype
+     bench_memory.c           memory: bytes per token of every preset, checks, memory against
+                              context; the summary's memory table
+     bench_speed.c            speed: decode, prefill, paged vs contiguous, context sweep
      bench_speed_threads.c    speed: thread scaling and continuous batching
-     bench_quality.c          quality: storage dtype error, FP8 scale calibration
+     bench_quality.c          quality: storage dtype error, FP8 scale calibration; the summary's
+                              error column
      bench_quality_evict.c    quality: eviction against the full cache
      bench_paged.c            paged: decode against block size and layout
      bench_paged_alloc.c      paged: request trace, prefix caching, block operations
@@ -21,7 +23,8 @@
           void quality_model(const opts *o, const machine *m) { ... }
         which adds rows (rows_add, rs, rn), prints them (print_table / text; both print only in
         table mode), writes them (emit_rows: CSV / JSON) and sets g_failed on a failed check;
-        m is NULL-safe to ignore unless the subcommand measured the machine (speed, paged attn);
+        m is the measured machine for speed and paged attn, NULL where nothing was measured
+        (quality; paged without attn): (void)m if the part has no use for it;
      2. add one line to BENCH_PARTS below: X(MODEL, "model", "quality", quality_model)
         (the list's order is the order a subcommand runs its parts; --parts accepts the name, the
         part runs by default unless it is listed in PART_OPT_IN);
