@@ -757,14 +757,21 @@ static double *ref_logits_prefill(const Model *m, const int *tok, int n) {
    is predicted once: each position's logits predict the next token, also
    across a window's end (the last position of a window predicts the first
    token of the next one) */
-static double ref_window_loss(const Model *m, const int *tok, int n, int *count) {
-  int L = m->c.seq_len, V = m->c.vocab, s, t, cnt = 0;
+/* ... with window eviction (budget > 0 tokens; budget < 0: -budget percent
+   of each window's length, which the caller makes a whole number) and a
+   cache type for K and V */
+static double ref_window_loss_cfg(const Model *m, const int *tok, int n, int *count, int budget, int sinks,
+                                  int qtype) {
+  int L = m->c.seq_len, V = m->c.vocab, s, t, cnt = 0, l;
   double sum = 0;
   double *lg = (double *)xmalloc((size_t)V * sizeof(double));
   for (s = 0; s + 1 < n; s += L) {
     int w = n - s < L ? n - s : L;
     Ref r;
     ref_init(&r, m, 0);
+    r.win_budget = budget >= 0 ? budget : -budget * w / 100;
+    r.win_sinks = sinks;
+    for (l = 0; l < MAX_LAYERS; l++) r.kq[l] = r.vq[l] = qtype;
     for (t = 0; t < w && s + t + 1 < n; t++) {
       double mx = -1e300, z = 0;
       int v;
@@ -780,6 +787,10 @@ static double ref_window_loss(const Model *m, const int *tok, int n, int *count)
   free(lg);
   *count = cnt;
   return cnt ? sum / cnt : 0;
+}
+
+static double ref_window_loss(const Model *m, const int *tok, int n, int *count) {
+  return ref_window_loss_cfg(m, tok, n, count, 0, 0, Q_F32);
 }
 
 /* ------------------------------------------------------------ tokenizer */
@@ -1275,6 +1286,33 @@ static void check_case(const Case *cs, uint64_t seed, int full) {
       free(wref);
       free(alt);
     }
+    {
+      /* H2O: a budget covering every token changes nothing; a small one
+         acts (differs from no eviction) and is not the plain window */
+      char fl[100];
+      double *lg, *wref = ref_logits_window(&m, ids, n, 8, 2);
+      snprintf(name, sizeof name, "%s --evict h2o:%d:2 (budget >= tokens) changes nothing", cs->name,
+               cs->c.seq_len);
+      snprintf(fl, sizeof fl, "--evict h2o:%d:2 --chunk 1", cs->c.seq_len);
+      check_logits(name, ckp, tkp, idp, n, V, fl, ref, TOL_F32, 0);
+      snprintf(name, sizeof name, "%s --evict h2o:8:2:4 token by token acts, unlike the window", cs->name);
+      lg = prog_logits(name, ckp, tkp, idp, n, V, "--evict h2o:8:2:4 --chunk 1");
+      if (lg) {
+        Cmp cf = compare(lg, ref, (size_t)n * V), cw = compare(lg, wref, (size_t)n * V);
+        report(cf.maxdiff > 100 * TOL_F32 * cf.scale && cw.maxdiff > 100 * TOL_F32 * cw.scale, name,
+               "differs from no eviction by %.3g and from window:8:2 by %.3g x scale (both must be > %.3g)",
+               cf.maxdiff / cf.scale, cw.maxdiff / cw.scale, 100 * TOL_F32);
+        free(lg);
+      }
+      /* Eviction runs before each append, until the tokens held plus the
+         new one fit the budget; H2O protects the sinks and the RECENT newest
+         tokens already held.  With RECENT = BUDGET - SINKS - 1 the one slot
+         left is the new token's: no heavy hitter, the window policy. */
+      snprintf(name, sizeof name, "%s --evict h2o:8:2:5 (no heavy-hitter slot) = reference window:8:2",
+               cs->name);
+      check_logits(name, ckp, tkp, idp, n, V, "--evict h2o:8:2:5 --chunk 1", wref, TOL_F32, 0);
+      free(wref);
+    }
   }
   for (i = 0; i < (int)(sizeof q / sizeof q[0]); i++) {
     char fl[100];
@@ -1410,7 +1448,7 @@ static void check_ppl(uint64_t seed) {
   Cfg c = {32, 64, 2, 4, 2, 320, 32, 0};
   Model m;
   Vocab v;
-  int ids[100], n = 90, i, cnt, dec = 6, k;
+  int ids[100], n = 88, i, cnt, dec = 6, k;
   double loss, tol;
   PplLine pl[8];
   char why[8192];
@@ -1424,7 +1462,7 @@ static void check_ppl(uint64_t seed) {
   ids[0] = 1;
   for (i = 1; i < n; i++) ids[i] = 3 + rng_int(c.vocab - 3);
   write_ids(idp, ids, n);
-  /* 90 tokens = windows [0,32) [32,64) [64,90): 89 predictions */
+  /* 88 tokens = windows [0,32) [32,64) [64,88): 87 predictions */
   loss = ref_window_loss(&m, ids, n, &cnt);
   r = run_prog("'%s' -z '%s' --ppl-tokens '%s' --kv-dtype f32,f16,int8", ck, tk, idp);
   if (!run_ok(&r, why, sizeof why)) {
@@ -1439,7 +1477,7 @@ static void check_ppl(uint64_t seed) {
     } else {
       report(pl[0].tokens == cnt && fabs(pl[0].loss - loss) <= tol &&
                  fabs(log(pl[0].ppl) - pl[0].loss) <= 1e-3 * pl[0].loss + tol,
-             "--ppl-tokens f32 (3 windows of seq_len 32 over 90 tokens)",
+             "--ppl-tokens f32 (3 windows of seq_len 32 over 88 tokens)",
              "loss %.6f tokens %d ppl %.4f; reference loss %.6f over %d predicted tokens (tolerance %.2g)",
              pl[0].loss, pl[0].tokens, pl[0].ppl, loss, cnt, tol);
       report(pl[1].tokens == cnt && fabs(pl[1].loss - loss) <= 1e-2 * loss &&
@@ -1452,6 +1490,36 @@ static void check_ppl(uint64_t seed) {
              "--ppl kv bytes per token and config names: f32 = 2 x f16 > int8 > 0",
              "%.0f %.0f %.0f (%s, %s, %s)", pl[0].kv, pl[1].kv, pl[2].kv, pl[0].config, pl[1].config,
              pl[2].config);
+    }
+  }
+  run_free(&r);
+  /* with window eviction (token by token): f32 and int8, two policies; 25%
+     of the windows of 32, 32 and 24 tokens = 8, 8, 6 */
+  r = run_prog("'%s' -z '%s' --ppl-tokens '%s' --kv-dtype f32,int8 --evict window:8:2 --evict window:25%%", ck,
+               tk, idp);
+  if (!run_ok(&r, why, sizeof why)) {
+    report(0, "--ppl-tokens with window eviction", "%s", why);
+  } else if ((k = parse_ppl(r.out, pl, 8, &dec)) != 4) {
+    report(0, "--ppl-tokens with window eviction", "expected 4 \"ppl ...\" lines, got %d: %s", k,
+           first_line(r.out));
+  } else {
+    static const struct {
+      int budget, sinks, q;
+      const char *what;
+    } e[4] = {{8, 2, Q_F32, "f32 window:8:2"},
+              {-25, 0, Q_F32, "f32 window:25%"},
+              {8, 2, Q_INT8, "int8 window:8:2"},
+              {-25, 0, Q_INT8, "int8 window:25%"}};
+    for (i = 0; i < 4; i++) {
+      char nm[200];
+      double el = ref_window_loss_cfg(&m, ids, n, &cnt, e[i].budget, e[i].sinks, e[i].q);
+      /* int8: the reference rounds as the cache does; a flipped rounding
+         moves the loss by far less than 1e-3 */
+      tol = (e[i].q == Q_F32 ? 2e-5 : 1e-4) * el + 0.5 * pow(10.0, -dec) + 1e-9;
+      snprintf(nm, sizeof nm, "--ppl-tokens %s = reference (token by token, %s)", e[i].what, pl[i].config);
+      report(pl[i].tokens == cnt && fabs(pl[i].loss - el) <= tol, nm,
+             "loss %.6f tokens %d; reference %.6f tokens %d (tolerance %.2g; without eviction %.6f)",
+             pl[i].loss, pl[i].tokens, el, cnt, tol, loss);
     }
   }
   run_free(&r);
