@@ -490,10 +490,14 @@ typedef struct {
   const Model *m;
   int variant, pos;
   int kq[MAX_LAYERS], vq[MAX_LAYERS];
-  /* window eviction (win_budget > 0): position pos attends to the first
-     win_sinks positions and the newest win_budget - win_sinks (itself
-     included) */
-  int win_budget, win_sinks;
+  /* Window eviction (win_budget > 0), as kvattn defines it: before each
+     append of a chunk of c tokens, the oldest positions other than the first
+     win_sinks are evicted until the tokens held plus c fit the budget (or
+     only sinks are left); the chunk then attends causally to what is held
+     and to itself.  The tokens come in chunks of win_chunk (0: 1) out of
+     win_total.  What is held is the sinks and the positions win_lo..chunk
+     start - 1. */
+  int win_budget, win_sinks, win_chunk, win_total, win_lo, win_cs;
   double kscale, vscale; /* FP8 tensor scales of K and V */
   double *kc, *vc; /* [L][seq_len][kv_dim] */
   double *x, *xb, *q, *k, *v, *att, *ao, *h1, *h3, *t;
@@ -539,7 +543,21 @@ static void ref_free(Ref *r) {
 
 /* position j is not attended to from position pos (window eviction) */
 static int ref_evicted(const Ref *r, int j, int pos) {
-  return r->win_budget > 0 && j >= r->win_sinks && j <= pos - (r->win_budget - r->win_sinks);
+  (void)pos;
+  return r->win_budget > 0 && j >= r->win_sinks && j < r->win_cs && j < r->win_lo;
+}
+
+/* window eviction at the start of a chunk (position pos starts one) */
+static void ref_window_append(Ref *r, int pos) {
+  int c = r->win_chunk > 0 ? r->win_chunk : 1, held;
+  if (pos + c > r->win_total) c = r->win_total - pos;
+  if (r->win_lo < r->win_sinks) r->win_lo = r->win_sinks;
+  held = (pos < r->win_sinks ? pos : r->win_sinks) + (pos > r->win_lo ? pos - r->win_lo : 0);
+  while (held + c > r->win_budget && r->win_lo < pos) {
+    r->win_lo++;
+    held--;
+  }
+  r->win_cs = pos;
 }
 
 /* feeds token at position r->pos, writes vocab logits (may be NULL) */
@@ -549,6 +567,7 @@ static void ref_step(Ref *r, int token, double *logits) {
   int d = c->dim, hd = c->hidden, hs = m->hs, kvd = m->kv_dim, pos = r->pos;
   int grp = c->n_heads / c->n_kv_heads, l, i, h, j;
   for (i = 0; i < d; i++) r->x[i] = m->emb[(size_t)token * (size_t)d + (size_t)i];
+  if (r->win_budget > 0 && pos % (r->win_chunk > 0 ? r->win_chunk : 1) == 0) ref_window_append(r, pos);
   for (l = 0; l < c->n_layers; l++) {
     double *kl = r->kc + (size_t)l * (size_t)c->seq_len * (size_t)kvd;
     double *vl = r->vc + (size_t)l * (size_t)c->seq_len * (size_t)kvd;
@@ -627,18 +646,26 @@ static double *ref_logits_kv(const Model *m, const int *tok, int n, int variant,
   return lg;
 }
 
-/* logits with window eviction: each position attends to the first `sinks`
-   positions and the newest budget - sinks (itself included) */
-static double *ref_logits_window(const Model *m, const int *tok, int n, int budget, int sinks) {
+/* logits with window eviction, the tokens fed in chunks of `chunk` (token
+   by token, each position attends to the first `sinks` positions and the
+   newest budget - sinks, itself included) */
+static double *ref_logits_window_chunked(const Model *m, const int *tok, int n, int budget, int sinks,
+                                         int chunk) {
   double *lg = (double *)xmalloc((size_t)n * (size_t)m->c.vocab * sizeof(double));
   Ref r;
   int t;
   ref_init(&r, m, 0);
   r.win_budget = budget;
   r.win_sinks = sinks;
+  r.win_chunk = chunk;
+  r.win_total = n;
   for (t = 0; t < n; t++) ref_step(&r, tok[t], lg + (size_t)t * (size_t)m->c.vocab);
   ref_free(&r);
   return lg;
+}
+
+static double *ref_logits_window(const Model *m, const int *tok, int n, int budget, int sinks) {
+  return ref_logits_window_chunked(m, tok, n, budget, sinks, 1);
 }
 
 static double *ref_logits(const Model *m, const int *tok, int n, int variant) {
@@ -771,6 +798,8 @@ static double ref_window_loss_cfg(const Model *m, const int *tok, int n, int *co
     ref_init(&r, m, 0);
     r.win_budget = budget >= 0 ? budget : -budget * w / 100;
     r.win_sinks = sinks;
+    r.win_chunk = 1;
+    r.win_total = w;
     for (l = 0; l < MAX_LAYERS; l++) r.kq[l] = r.vq[l] = qtype;
     for (t = 0; t < w && s + t + 1 < n; t++) {
       double mx = -1e300, z = 0;
@@ -1285,6 +1314,20 @@ static void check_case(const Case *cs, uint64_t seed, int full) {
       }
       free(wref);
       free(alt);
+    }
+    {
+      /* chunked: eviction before each chunk's append makes room for the
+         whole chunk; a chunk larger than the budget is held whole */
+      static const int cw[][3] = {{8, 0, 5}, {8, 0, 3}, {10, 2, 4}, {6, 1, 7}};
+      for (k = 0; k < 4; k++) {
+        char fl[100];
+        double *wref = ref_logits_window_chunked(&m, ids, n, cw[k][0], cw[k][1], cw[k][2]);
+        snprintf(name, sizeof name, "%s --evict window:%d:%d in chunks of %d = reference", cs->name, cw[k][0],
+                 cw[k][1], cw[k][2]);
+        snprintf(fl, sizeof fl, "--evict window:%d:%d --chunk %d", cw[k][0], cw[k][1], cw[k][2]);
+        check_logits(name, ckp, tkp, idp, n, V, fl, wref, TOL_F32, 0);
+        free(wref);
+      }
     }
     {
       /* H2O: a budget covering every token changes nothing; a small one
