@@ -1832,7 +1832,8 @@ static void check_generation(uint64_t seed) {
   }
   /* --serve: the same prompts in one run, in several configurations */
   serve_check("short prompts", ck, tk, prompts, NP, single, STEPS, "", 0, 0);
-  serve_check("short prompts, 2 at once", ck, tk, prompts, NP, single, STEPS, "--max-batch 2", 0, 0);
+  serve_check("short prompts, 2 at once, 2 threads", ck, tk, prompts, NP, single, STEPS,
+              "--max-batch 2 --threads 2", 0, 0);
   serve_check("shared prefix, block size 4", ck, tk, longp, NL, lsingle, LSTEPS, "--block-size 4", 0, 1);
   /* 5 requests of up to 44 positions = 11 blocks of 4 each; a pool of 16
      blocks holds one request and part of another: preemption */

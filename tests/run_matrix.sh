@@ -546,13 +546,14 @@ s_consumer_pkgconfig() {
 # examples/kvattn_run.c (the llama2.c-format inference program) against
 # tests/model_check.c's double-precision reference: random GQA/MHA/MQA
 # checkpoints, quantized caches, --serve, --ppl, bad input, and the trained
-# model in bench/model/ when it is there.  model-asan: the program under
-# ASan+UBSan, a reduced set (--quick), every bad input included.
+# model in bench/model/ when it is there.  model: built with OpenMP (so
+# --threads 2 runs 2 threads); model-asan: without, under ASan+UBSan, every
+# check but the trained model's held-out perplexity (--quick).
 s_model() {
     local d=$B/model
     need_header || return 1
     mkdir -p "$d"
-    x "$CC" -std=c99 -O2 -march=native -Wall -Wextra -I. examples/kvattn_run.c -o "$d/kvattn_run" -lm &&
+    x "$CC" -std=c99 -O2 -march=native -fopenmp -Wall -Wextra -I. examples/kvattn_run.c -o "$d/kvattn_run" -lm &&
         x "$CC" -std=c99 -O2 -Wall -Wextra tests/model_check.c -o "$d/model_check" -lm &&
         run "$d/model_check" "$d/kvattn_run" "$d/scratch"
 }
