@@ -58,8 +58,12 @@
  *     exit status 1, a message on stderr naming the file or flag, no signal,
  *     no sanitizer report;
  *   - the trained model in MODEL_DIR (default bench/model), if present:
- *     logits against its ref_logits.txt, and --ppl of its held-out text equal
- *     to --ppl-tokens of the trainer's own token ids.
+ *     logits (prefill, token by token, f16/int8/fp8 caches) and the loss of
+ *     a part of the held-out ids against this file's reference computed from
+ *     model.bin; the trainer's ref_logits.txt against that reference and
+ *     against the program (max |diff| <= 1e-4); --ppl of the held-out text
+ *     equal to --ppl-tokens of the trainer's own token ids (the encoders
+ *     agree).
  *
  * Output: one line per check ("[PASS] name: detail" / "[FAIL] ..."), then
  * "model_check: N passed, M failed".  Exit status 0 only if all passed.
@@ -95,6 +99,10 @@
 #define TOL_Q_E5M2 1e-2
 /* trained model: absolute, against ref_logits.txt */
 #define TOL_TRAINED 1e-4
+
+/* the most layers the reference handles (per-layer cache types) */
+#define MAX_LAYERS 64
+#define MAX_LAYERS_LOAD MAX_LAYERS
 
 /* ------------------------------------------------------------ reporting */
 static int n_pass, n_fail, quick;
@@ -406,6 +414,83 @@ static unsigned char *ckpt_image(const Model *m, size_t *len) {
   return b;
 }
 
+static int32_t get_i32(const unsigned char *b) {
+  uint32_t u = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+  return (int32_t)u;
+}
+
+/* Reads a legacy checkpoint; returns NULL or a message. */
+static const char *model_load(Model *m, const char *path) {
+  static char msg[300];
+  size_t len, d, h, L, V, kvd;
+  char *buf = read_file(path, &len);
+  const float *p;
+  Cfg c;
+  int32_t f[7];
+  int i;
+  memset(m, 0, sizeof *m);
+  if (!buf) return "cannot read it";
+  if (len < 28) {
+    free(buf);
+    return "shorter than the header";
+  }
+  for (i = 0; i < 7; i++) f[i] = get_i32((const unsigned char *)buf + 4 * i);
+  c.dim = f[0];
+  c.hidden = f[1];
+  c.n_layers = f[2];
+  c.n_heads = f[3];
+  c.n_kv_heads = f[4];
+  c.shared = f[5] > 0;
+  c.vocab = f[5] > 0 ? f[5] : -f[5];
+  c.seq_len = f[6];
+  for (i = 0; i < 7; i++)
+    if (f[i] == 0 || (i != 5 && f[i] < 0) || f[i] > (1 << 20) || f[i] < -(1 << 20)) break;
+  if (i < 7 || c.dim % c.n_heads || c.n_heads % c.n_kv_heads || (c.dim / c.n_heads) % 2 ||
+      c.n_layers > MAX_LAYERS_LOAD || len != 28 + 4 * cfg_floats(&c)) {
+    snprintf(msg, sizeof msg, "header %d %d %d %d %d %d %d does not describe a model of %lu bytes (at most %d layers here)",
+             f[0], f[1], f[2], f[3], f[4], f[5], f[6], (unsigned long)len, MAX_LAYERS_LOAD);
+    free(buf);
+    return msg;
+  }
+  m->c = c;
+  m->hs = c.dim / c.n_heads;
+  m->kv_dim = c.dim * c.n_kv_heads / c.n_heads;
+  m->nw = cfg_floats(&c);
+  m->w = (float *)xmalloc(m->nw * sizeof(float));
+  memcpy(m->w, buf + 28, m->nw * sizeof(float));
+  free(buf);
+  d = (size_t)c.dim;
+  h = (size_t)c.hidden;
+  L = (size_t)c.n_layers;
+  V = (size_t)c.vocab;
+  kvd = (size_t)m->kv_dim;
+  p = m->w;
+  m->emb = p;
+  p += V * d;
+  m->rms_att = p;
+  p += L * d;
+  m->wq = p;
+  p += L * d * d;
+  m->wk = p;
+  p += L * kvd * d;
+  m->wv = p;
+  p += L * kvd * d;
+  m->wo = p;
+  p += L * d * d;
+  m->rms_ffn = p;
+  p += L * d;
+  m->w1 = p;
+  p += L * h * d;
+  m->w2 = p;
+  p += L * d * h;
+  m->w3 = p;
+  p += L * h * d;
+  m->rms_final = p;
+  p += d + (size_t)c.seq_len * (size_t)m->hs;
+  m->cls = c.shared ? m->emb : p;
+  return NULL;
+}
+
 static void write_ckpt(const Model *m, const char *path) {
   size_t n;
   unsigned char *b = ckpt_image(m, &n);
@@ -501,7 +586,6 @@ static void quantize_row(double *x, int kv_dim, int hs, int type, double fp8_sca
    misses the newest key (except at position 0) - the two "broken cache"
    models the quantized tolerances must stay well below.
    kq[l], vq[l]: the emulated storage type of layer l's K and V. */
-#define MAX_LAYERS 8
 typedef struct {
   const Model *m;
   int variant, pos;
@@ -2114,38 +2198,25 @@ static void check_bad_input(uint64_t seed) {
 }
 
 /* ------------------------------------------------------------ trained model */
-static void check_trained(const char *dir) {
-  char mp[1024], tp[1024], rp[1024], hp[1024], hip[1024], why[8192];
-  char *text, *p;
-  int *ids = NULL, n = 0, cap = 0, rows, V = 0, i;
+/* ref_logits.txt: '#' comment lines; the first other line holds the token
+   ids, then one line of vocab logits per position.  Returns NULL or a
+   message; *ids, *ref malloc'd. */
+static const char *parse_ref_logits(const char *path, int **ids_out, int *n_out, double **ref_out, int *V_out) {
+  static char msg[200];
+  char *text = read_file(path, NULL), *p;
+  int *ids = NULL, n = 0, cap = 0, rows = -1, V = 0;
   double *ref = NULL;
   size_t nref = 0, capref = 0;
-  Run r;
-  snprintf(mp, sizeof mp, "%s/model.bin", dir);
-  snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
-  snprintf(rp, sizeof rp, "%s/ref_logits.txt", dir);
-  snprintf(hp, sizeof hp, "%s/heldout.txt", dir);
-  snprintf(hip, sizeof hip, "%s/heldout.ids", dir);
-  if (!file_exists(mp) || !file_exists(tp) || !file_exists(rp)) {
-    note("trained model: skipped (%s, %s or %s does not exist)", mp, tp, rp);
-    return;
-  }
-  text = read_file(rp, NULL);
-  if (!text) {
-    report(0, "trained model: ref_logits.txt", "cannot read %s", rp);
-    return;
-  }
-  /* first non-comment line: ids; then one line of logits per position */
-  rows = -1;
-  for (p = text; *p;) {
+  if (!text) return "cannot read it";
+  msg[0] = '\0';
+  for (p = text; *p && !msg[0];) {
     char *e = strchr(p, '\n'), *q;
     if (e) *e = '\0';
     if (p[0] != '#' && p[strspn(p, " \t\r")] != '\0') {
       if (rows < 0) {
-        long x;
         for (q = p;;) {
           char *end;
-          x = strtol(q, &end, 10);
+          long x = strtol(q, &end, 10);
           if (end == q) break;
           if (n == cap) {
             cap = cap ? 2 * cap : 256;
@@ -2172,13 +2243,7 @@ static void check_trained(const char *dir) {
           q = end;
         }
         if (rows == 0) V = cols;
-        if (cols != V) {
-          report(0, "trained model: ref_logits.txt", "row %d has %d numbers, row 0 has %d", rows, cols, V);
-          free(text);
-          free(ids);
-          free(ref);
-          return;
-        }
+        if (cols != V) snprintf(msg, sizeof msg, "row %d has %d numbers, row 0 has %d", rows, cols, V);
         rows++;
       }
     }
@@ -2186,35 +2251,153 @@ static void check_trained(const char *dir) {
     p = e + 1;
   }
   free(text);
-  if (n == 0 || rows != n) {
-    report(0, "trained model: ref_logits.txt", "%d ids but %d rows of logits", n, rows);
+  if (!msg[0] && (n == 0 || rows != n)) snprintf(msg, sizeof msg, "%d ids but %d rows of logits", n, rows);
+  if (msg[0]) {
     free(ids);
     free(ref);
+    return msg;
+  }
+  *ids_out = ids;
+  *n_out = n;
+  *ref_out = ref;
+  *V_out = V;
+  return NULL;
+}
+
+/* The trained model in dir: the program against this file's own reference
+   computed from model.bin (prefill, token by token, quantized caches), the
+   trainer's ref_logits.txt against both, and the held-out perplexity of the
+   text against that of the trainer's token ids. */
+static void check_trained(const char *dir) {
+  char mp[1024], tp[1024], rp[1024], hp[1024], hip[1024], why[8192], name[300];
+  const char *msg;
+  int *ids = NULL, n = 0, V = 0, i, has_ref;
+  double *file_ref = NULL, *own;
+  Model m;
+  Run r;
+  snprintf(mp, sizeof mp, "%s/model.bin", dir);
+  snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
+  snprintf(rp, sizeof rp, "%s/ref_logits.txt", dir);
+  snprintf(hp, sizeof hp, "%s/heldout.txt", dir);
+  snprintf(hip, sizeof hip, "%s/heldout.ids", dir);
+  if (!file_exists(mp) || !file_exists(tp)) {
+    note("trained model: skipped (%s or %s does not exist)", mp, tp);
     return;
   }
+  msg = model_load(&m, mp);
+  if (msg) {
+    report(0, "trained model: model.bin is a legacy checkpoint", "%s: %s", mp, msg);
+    return;
+  }
+  has_ref = file_exists(rp);
+  if (has_ref) {
+    msg = parse_ref_logits(rp, &ids, &n, &file_ref, &V);
+    if (!msg && V != m.c.vocab) msg = "its rows do not have vocab_size logits";
+    for (i = 0; !msg && i < n; i++)
+      if (ids[i] < 0 || ids[i] >= m.c.vocab || n > m.c.seq_len) msg = "a token id is outside the vocabulary, or more ids than seq_len";
+    if (msg) {
+      report(0, "trained model: ref_logits.txt", "%s: %s", rp, msg);
+      has_ref = 0;
+      free(ids);
+      free(file_ref);
+      ids = NULL;
+      file_ref = NULL;
+    }
+  } else {
+    note("trained model: %s does not exist: the trainer's logits are not compared", rp);
+  }
+  if (!ids) { /* ids of our own: BOS and a spread of the vocabulary */
+    n = m.c.seq_len < 40 ? m.c.seq_len : 40;
+    ids = (int *)xmalloc((size_t)n * sizeof(int));
+    ids[0] = 1;
+    for (i = 1; i < n; i++) ids[i] = (int)((3 + 7919L * i) % m.c.vocab);
+  }
+  V = m.c.vocab;
   write_ids(sp("trained.ids"), ids, n);
+  own = ref_logits(&m, ids, n, 0);
+  snprintf(name, sizeof name, "trained model (dim %d, %d layers, %d/%d heads, vocab %d)", m.c.dim, m.c.n_layers,
+           m.c.n_heads, m.c.n_kv_heads, m.c.vocab);
+  note("%s: %d positions", name, n);
+  if (has_ref) {
+    Cmp c = compare(file_ref, own, (size_t)n * (size_t)V);
+    report(c.maxdiff <= TOL_TRAINED, "trained model: ref_logits.txt = this file's reference from model.bin",
+           "max |diff| %.3g (tolerance %.3g; a larger one means ref_logits.txt is stale or model.bin changed)",
+           c.maxdiff, TOL_TRAINED);
+  }
   {
     double *lg = prog_logits("trained model logits", mp, tp, sp("trained.ids"), n, V, "");
     if (lg) {
-      Cmp c = compare(lg, ref, (size_t)n * (size_t)V);
-      report(c.maxdiff <= TOL_TRAINED, "trained model logits = ref_logits.txt",
+      Cmp c = compare(lg, own, (size_t)n * (size_t)V);
+      report(c.maxdiff <= TOL_TRAINED, "trained model logits = reference",
              "%d positions x %d logits, max |diff| %.3g (tolerance %.3g absolute; logits scale %.3g)", n, V,
              c.maxdiff, TOL_TRAINED, c.scale);
+      if (has_ref) {
+        c = compare(lg, file_ref, (size_t)n * (size_t)V);
+        report(c.maxdiff <= TOL_TRAINED, "trained model logits = ref_logits.txt",
+               "max |diff| %.3g (tolerance %.3g absolute)", c.maxdiff, TOL_TRAINED);
+      }
       free(lg);
     }
-    if (!quick) {
-      lg = prog_logits("trained model logits token by token", mp, tp, sp("trained.ids"), n, V,
-                       "--chunk 1");
-      if (lg) {
-        Cmp c = compare(lg, ref, (size_t)n * (size_t)V);
-        report(c.maxdiff <= TOL_TRAINED, "trained model logits token by token = ref_logits.txt",
-               "max |diff| %.3g (tolerance %.3g)", c.maxdiff, TOL_TRAINED);
-        free(lg);
-      }
+    lg = prog_logits("trained model logits token by token", mp, tp, sp("trained.ids"), n, V, "--chunk 1");
+    if (lg) {
+      Cmp c = compare(lg, own, (size_t)n * (size_t)V);
+      report(c.maxdiff <= TOL_TRAINED, "trained model logits token by token = reference",
+             "max |diff| %.3g (tolerance %.3g)", c.maxdiff, TOL_TRAINED);
+      free(lg);
     }
   }
+  {
+    /* quantized caches on real activations */
+    static const struct {
+      const char *dtype;
+      int type;
+      double tol;
+    } q[] = {{"f16", Q_F16, TOL_Q_F16}, {"int8", Q_INT8, TOL_Q_INT8}, {"fp8_e4m3", Q_E4M3, TOL_Q_E4M3}};
+    for (i = 0; i < 3; i++) {
+      char fl[64];
+      double *emul = ref_logits_type(&m, ids, n, q[i].type, q[i].type);
+      snprintf(name, sizeof name, "trained model kv %s", q[i].dtype);
+      snprintf(fl, sizeof fl, "--kv-dtype %s", q[i].dtype);
+      check_quant(name, mp, tp, sp("trained.ids"), n, V, fl, own, emul, q[i].tol);
+      free(emul);
+    }
+  }
+  free(own);
   free(ids);
-  free(ref);
+  free(file_ref);
+  if (!quick && file_exists(hip)) {
+    /* the first seq_len + 88 held-out ids: a full window and a partial one,
+       against the reference's loss */
+    char *text = read_file(hip, NULL), *q, *end;
+    int want = m.c.seq_len + 88, k = 0, cnt = 0, dec = 6;
+    int *hid = (int *)xmalloc((size_t)want * sizeof(int));
+    PplLine pl[2];
+    for (q = text; q && k < want; q = end) {
+      long x = strtol(q, &end, 10);
+      if (end == q) break;
+      hid[k++] = (int)x;
+    }
+    free(text);
+    if (k == want) {
+      double loss = ref_window_loss(&m, hid, k, &cnt), tol;
+      write_ids(sp("heldout-part.ids"), hid, k);
+      r = run_prog("'%s' -z '%s' --ppl-tokens '%s'", mp, tp, sp("heldout-part.ids"));
+      snprintf(name, sizeof name, "trained model --ppl-tokens of %d held-out ids = reference", k);
+      if (!run_ok(&r, why, sizeof why)) {
+        report(0, name, "%s", why);
+      } else if (parse_ppl(r.out, pl, 2, &dec) < 1) {
+        report(0, name, "no \"ppl ...\" line: %s", first_line(r.out));
+      } else {
+        tol = 2e-5 * loss + 0.5 * pow(10.0, -dec);
+        report(pl[0].tokens == cnt && fabs(pl[0].loss - loss) <= tol, name,
+               "loss %.6f tokens %d; reference %.6f tokens %d (tolerance %.2g)", pl[0].loss, pl[0].tokens, loss,
+               cnt, tol);
+      }
+      run_free(&r);
+    }
+    free(hid);
+  }
+  model_free(&m);
   if (!file_exists(hp) || !file_exists(hip)) {
     note("trained model held-out text: skipped (%s or %s does not exist)", hp, hip);
     return;
