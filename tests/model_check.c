@@ -1930,20 +1930,28 @@ static void check_generation(uint64_t seed) {
 }
 
 /* ------------------------------------------------------------ bad input */
-/* expects exit status 1, a message on stderr (naming `mention` if given),
-   no signal, no sanitizer report */
+/* expects exit status 1, a one-line message on stderr (naming `mention` if
+   given), no signal, no sanitizer report */
 static void expect_error(const char *name, const char *mention, const char *fmt, ...) {
   char args[3000];
   va_list ap;
   Run r;
-  int ok;
+  int ok, lines = 0;
   va_start(ap, fmt);
   vsnprintf(args, sizeof args, fmt, ap);
   va_end(ap);
   r = run_prog("%s", args);
   ok = r.code == 1 && !r.signal && r.err[0] && !has_sanitizer_report(r.err);
+  if (ok) {
+    const char *q;
+    for (q = r.err; *q; q++)
+      if (*q == '\n') lines++;
+    if (q[-1] != '\n') lines++;
+  }
   if (ok && mention && !strstr(r.err, mention)) {
     report(0, name, "stderr does not name \"%s\": %s", mention, first_line(r.err));
+  } else if (ok && lines != 1) {
+    report(0, name, "stderr has %d lines, a one-line message expected: %s", lines, first_line(r.err));
   } else if (ok) {
     report(1, name, "exit 1: %s", first_line(r.err));
   } else if (r.signal) {
