@@ -997,6 +997,30 @@ static void vocab_free(Vocab *v) {
   free(v->score);
 }
 
+/* reads n tokens of a tokenizer.bin; returns NULL or a message */
+static const char *vocab_load(Vocab *v, const char *path, int n) {
+  size_t len, k = 4;
+  char *buf = read_file(path, &len);
+  int i;
+  memset(v, 0, sizeof *v);
+  if (!buf) return "cannot read it";
+  v->s = (char **)xcalloc((size_t)n, sizeof(char *));
+  v->len = (int *)xcalloc((size_t)n, sizeof(int));
+  v->score = (float *)xcalloc((size_t)n, sizeof(float));
+  for (i = 0; i < n; i++) {
+    int32_t l;
+    float sc;
+    if (k + 8 > len) break;
+    memcpy(&sc, buf + k, 4);
+    l = get_i32((const unsigned char *)buf + k + 4);
+    if (l <= 0 || (size_t)l > len - k - 8) break;
+    vocab_add(v, buf + k + 8, (int)l, sc);
+    k += 8 + (size_t)l;
+  }
+  free(buf);
+  return v->n == n ? NULL : "truncated or malformed";
+}
+
 static unsigned char *vocab_image(const Vocab *v, size_t *len) {
   size_t n = 4, k = 0;
   int i;
@@ -2373,6 +2397,34 @@ static void check_trained(const char *dir) {
   free(own);
   free(ids);
   free(file_ref);
+  {
+    /* greedy generation against the reference (encoder, argmax, decoder),
+       and --serve of the same prompts (shared prefixes over 4-token blocks;
+       a pool small enough to preempt) against the -i runs */
+    static const char *tprompts[] = {"And it came to pass, when the king heard the words",
+                               "And it came to pass, when the king heard the words of the book",
+                               "In the beginning God created the heaven and the earth",
+                               "And the LORD said unto Moses",
+                               "And the LORD said unto Moses, Speak unto the children of Israel"};
+    enum { NT = 5 };
+    char *single[NT];
+    int steps = quick ? 40 : 96, k;
+    Vocab tv;
+    msg = vocab_load(&tv, tp, m.c.vocab);
+    if (msg) {
+      report(0, "trained model: tokenizer.bin", "%s: %s", tp, msg);
+    } else {
+      for (k = 0; k < NT; k++) single[k] = greedy_single(&m, &tv, mp, tp, tprompts[k], steps, "--block-size 4");
+      serve_check("trained model, block size 4", mp, tp, tprompts, NT, single, steps, "--block-size 4", 0, 0);
+      /* one at a time: a request reuses the prompt blocks of earlier ones */
+      serve_check("trained model, block size 4, one at a time", mp, tp, tprompts, NT, single, steps,
+                  "--block-size 4 --max-batch 1", 0, 1);
+      serve_check("trained model, block size 4, a 40-block pool (preemption)", mp, tp, tprompts, NT, single, steps,
+                  "--block-size 4 --kv-blocks 40", 1, 0);
+      for (k = 0; k < NT; k++) free(single[k]);
+    }
+    vocab_free(&tv);
+  }
   if (!quick && file_exists(hip)) {
     /* the first seq_len + 88 held-out ids: a full window and a partial one,
        against the reference's loss */
