@@ -548,7 +548,7 @@ s_consumer_pkgconfig() {
 # checkpoints, quantized caches, --serve, --ppl, bad input, and the trained
 # model in bench/model/ when it is there.  model: built with OpenMP (so
 # --threads 2 runs 2 threads); model-asan: without, under ASan+UBSan, every
-# check but the trained model's held-out perplexity (--quick).
+# bad input and random model, the trained model's logits only (--quick).
 s_model() {
     local d=$B/model
     need_header || return 1
