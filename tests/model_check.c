@@ -3,10 +3,13 @@
  *
  *   model_check [--quick] [--self-test] KVATTN_RUN SCRATCH_DIR [MODEL_DIR]
  *
- * It writes small random checkpoints and tokenizers in the llama2.c formats
- * into SCRATCH_DIR, runs KVATTN_RUN on them, and compares what it prints with
- * its own plain double-precision forward pass, written from the format and
- * the model's definition alone (not from the program's code):
+ * It writes small random checkpoints and tokenizers in the formats of
+ * Karpathy's llama2.c (github.com/karpathy/llama2c: the legacy "version 0"
+ * checkpoint its export script writes, and its tokenizer.bin) into
+ * SCRATCH_DIR, runs KVATTN_RUN on them, and compares what it prints with its
+ * own plain double-precision forward pass of the Llama architecture
+ * (Touvron et al. 2023), written from the formats and the model's definition
+ * alone, not from the program's code:
  *
  *   legacy checkpoint: 7 little-endian int32 (dim, hidden_dim, n_layers,
  *   n_heads, n_kv_heads, vocab_size, seq_len; vocab_size < 0: the classifier
@@ -532,10 +535,13 @@ static void rope(double *v, int n_heads, int hs, int pos) {
 }
 
 /* Cache storage types the reference can emulate: a stored K or V value
-   (K after RoPE) is rounded as the format would hold it.  f16, bf16 and the
-   OCP FP8 formats E4M3 / E5M2 (scale 1): round to nearest even, IEEE-style
-   subnormals, saturating at the largest finite value.  int8: one scale per
-   token and head, amax / 127, values rounded to nearest. */
+   (K after RoPE) is rounded as the format would hold it.  IEEE 754 binary16
+   (f16), bfloat16 (bf16), and the OCP 8-bit floating point formats E4M3 and
+   E5M2 (OCP OFP8 specification 2023; stored value = fp8(x / S) for a tensor
+   scale S): round to nearest even, subnormals, saturating at the largest
+   finite value (448, 57344).  int8: one scale per token and KV head,
+   max |x| / 127, values rounded to nearest (the program's --help: "a scale
+   per token and head"). */
 enum { Q_F32, Q_F16, Q_BF16, Q_INT8, Q_E4M3, Q_E5M2 };
 
 static double round_float_format(double x, int mant_bits, int emin, double maxval) {
