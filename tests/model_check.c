@@ -4,7 +4,7 @@
  *   model_check [--quick] [--self-test] KVATTN_RUN SCRATCH_DIR [MODEL_DIR]
  *
  * It writes small random checkpoints and tokenizers in the formats of
- * Karpathy's llama2.c (github.com/karpathy/llama2c: the legacy "version 0"
+ * Karpathy's llama2.c (github.com/karpathy/llama2.c: the legacy "version 0"
  * checkpoint its export script writes, and its tokenizer.bin) into
  * SCRATCH_DIR, runs KVATTN_RUN on them, and compares what it prints with its
  * own plain double-precision forward pass of the Llama architecture
