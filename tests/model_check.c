@@ -100,6 +100,9 @@
 #define TOL_Q_INT8 1e-2
 #define TOL_Q_E4M3 1e-2
 #define TOL_Q_E5M2 1e-2
+/* version 2 (Q8_0 weight) checkpoints against the reference computed with
+   the dequantized weights: relative to the logits' scale */
+#define TOL_Q8_WEIGHTS 2e-5
 /* trained model: absolute, against ref_logits.txt */
 #define TOL_TRAINED 1e-4
 
@@ -492,6 +495,110 @@ static const char *model_load(Model *m, const char *path) {
   p += d + (size_t)c.seq_len * (size_t)m->hs;
   m->cls = c.shared ? m->emb : p;
   return NULL;
+}
+
+/* llama2.c's newer formats (its export script, versions 1 and 2): a 256-byte
+   header: uint32 magic 0x616b3432 ("ak42"), int32 version, the 7 int32
+   fields (vocab_size positive), uint8 shared_classifier, version 2: int32
+   group size; zero padding.  Version 1: float32 rms_att [L][dim],
+   rms_ffn [L][dim], rms_final, embedding, wq, wk, wv, wo, w1, w2, w3 (each
+   [L]...), the classifier if not shared; no RoPE blocks.  Version 2: the
+   norms as float32, then embedding, wq, wk, wv, wo, w1, w2, w3 (and the
+   classifier) in Q8_0, each layer's matrix a tensor of its own: its int8
+   values, then one float32 scale per group of gs values (scale = max |w| /
+   127 over the group, q = round-half-even(w / scale)).  qm (version 2): the model with those
+   dequantized weights, for the reference. */
+static unsigned char *ckpt_image_v(const Model *m, int version, int gs, size_t *len, Model *qm) {
+  const Cfg *c = &m->c;
+  size_t d = (size_t)c->dim, h = (size_t)c->hidden, L = (size_t)c->n_layers, V = (size_t)c->vocab;
+  size_t kvd = (size_t)m->kv_dim, n = 256, k, t;
+  unsigned char *b;
+  const float *q8[8 * MAX_LAYERS + 2];
+  size_t q8n[8 * MAX_LAYERS + 2], l;
+  int nq = 0;
+  q8[nq] = m->emb, q8n[nq++] = V * d;
+#define PER_LAYER(ptr, each) \
+  for (l = 0; l < L; l++) q8[nq] = m->ptr + l * (each), q8n[nq++] = (each)
+  PER_LAYER(wq, d * d);
+  PER_LAYER(wk, kvd * d);
+  PER_LAYER(wv, kvd * d);
+  PER_LAYER(wo, d * d);
+  PER_LAYER(w1, h * d);
+  PER_LAYER(w2, d * h);
+  PER_LAYER(w3, h * d);
+#undef PER_LAYER
+  if (!c->shared) q8[nq] = m->cls, q8n[nq++] = V * d;
+  n += 4 * (2 * L * d + d);
+  for (t = 0; t < (size_t)nq; t++) n += version == 1 ? 4 * q8n[t] : q8n[t] + 4 * (q8n[t] / (size_t)gs);
+  b = (unsigned char *)xcalloc(n, 1);
+  put_i32(b, 0x616b3432);
+  put_i32(b + 4, version);
+  put_i32(b + 8, c->dim);
+  put_i32(b + 12, c->hidden);
+  put_i32(b + 16, c->n_layers);
+  put_i32(b + 20, c->n_heads);
+  put_i32(b + 24, c->n_kv_heads);
+  put_i32(b + 28, c->vocab);
+  put_i32(b + 32, c->seq_len);
+  b[36] = (unsigned char)(c->shared ? 1 : 0);
+  if (version == 2) put_i32(b + 37, gs);
+  k = 256;
+  memcpy(b + k, m->rms_att, 4 * L * d);
+  k += 4 * L * d;
+  memcpy(b + k, m->rms_ffn, 4 * L * d);
+  k += 4 * L * d;
+  memcpy(b + k, m->rms_final, 4 * d);
+  k += 4 * d;
+  if (qm) {
+    *qm = *m;
+    qm->w = (float *)xmalloc(m->nw * sizeof(float));
+    memcpy(qm->w, m->w, m->nw * sizeof(float));
+#define REBASE(f) qm->f = qm->w + (m->f - m->w)
+    REBASE(emb);
+    REBASE(rms_att);
+    REBASE(wq);
+    REBASE(wk);
+    REBASE(wv);
+    REBASE(wo);
+    REBASE(rms_ffn);
+    REBASE(w1);
+    REBASE(w2);
+    REBASE(w3);
+    REBASE(rms_final);
+    REBASE(cls);
+#undef REBASE
+  }
+  for (t = 0; t < (size_t)nq; t++) {
+    if (version == 1) {
+      memcpy(b + k, q8[t], 4 * q8n[t]);
+      k += 4 * q8n[t];
+    } else {
+      size_t g, i, ng = q8n[t] / (size_t)gs;
+      signed char *qv = (signed char *)(b + k);
+      unsigned char *sc = b + k + q8n[t];
+      float *dq = qm ? qm->w + (q8[t] - m->w) : NULL;
+      for (g = 0; g < ng; g++) {
+        const float *w = q8[t] + g * (size_t)gs;
+        float amax = 0, scale;
+        for (i = 0; i < (size_t)gs; i++)
+          if (fabsf(w[i]) > amax) amax = fabsf(w[i]);
+        scale = amax / 127.0f;
+        for (i = 0; i < (size_t)gs; i++) {
+          float qf = scale > 0 ? nearbyintf(w[i] / scale) : 0.0f;
+          qv[g * (size_t)gs + i] = (signed char)qf;
+          if (dq) dq[g * (size_t)gs + i] = qf * scale;
+        }
+        memcpy(sc + 4 * g, &scale, 4);
+      }
+      k += q8n[t] + 4 * ng;
+    }
+  }
+  if (k != n) {
+    fprintf(stderr, "model_check: internal error: version %d layout\n", version);
+    exit(2);
+  }
+  *len = n;
+  return b;
 }
 
 static void write_ckpt(const Model *m, const char *path) {
@@ -1576,6 +1683,93 @@ static void check_layer_dtypes(uint64_t seed) {
   model_free(&m);
 }
 
+static void expect_error(const char *name, const char *mention, const char *fmt, ...);
+
+/* llama2.c's version 1 (float32) and version 2 (Q8_0 weights) checkpoints */
+static void check_versions(uint64_t seed) {
+  static const Cfg cfgs[2] = {{32, 64, 2, 4, 2, 300, 32, 0}, {48, 80, 2, 6, 3, 320, 40, 1}};
+  int ci, i, n = 24;
+  for (ci = 0; ci < 2; ci++) {
+    const Cfg *c = &cfgs[ci];
+    Model m, qm;
+    Vocab v;
+    int ids[24], gs;
+    size_t len;
+    unsigned char *img;
+    double *ref;
+    char name[200], base[64];
+    const char *ck = sp(ci ? "v-b.bin" : "v-a.bin"), *tk = sp(ci ? "v-b.tok" : "v-a.tok"),
+               *idp = sp(ci ? "v-b.ids" : "v-a.ids");
+    snprintf(base, sizeof base, "%s classifier, %d/%d heads", c->shared ? "tied" : "separate", c->n_heads,
+             c->n_kv_heads);
+    model_gen(&m, c, seed + 10u * (unsigned)ci, 0);
+    vocab_gen(&v, c->vocab, seed + 1);
+    write_vocab(&v, tk);
+    rng_state = seed + 2;
+    ids[0] = 1;
+    for (i = 1; i < n; i++) ids[i] = rng_int(c->vocab);
+    write_ids(idp, ids, n);
+    ref = ref_logits(&m, ids, n, 0);
+    img = ckpt_image_v(&m, 1, 0, &len, NULL);
+    write_file(ck, img, len);
+    snprintf(name, sizeof name, "version 1 checkpoint (%s)", base);
+    check_logits(name, ck, tk, idp, n, c->vocab, "", ref, TOL_F32, 0);
+    /* bad version 1 files */
+    write_file(ck, img, len - 4);
+    snprintf(name, sizeof name, "bad version 1 checkpoint: 4 bytes short (%s)", base);
+    expect_error(name, ck, "'%s' -z '%s' --logits-tokens '%s'", ck, tk, idp);
+    write_file(ck, img, 100);
+    snprintf(name, sizeof name, "bad version 1 checkpoint: cut inside the 256-byte header (%s)", base);
+    expect_error(name, ck, "'%s' -z '%s' --logits-tokens '%s'", ck, tk, idp);
+    put_i32(img + 4, 3);
+    write_file(ck, img, len);
+    expect_error("checkpoint version 3 (unknown)", ck, "'%s' -z '%s' --logits-tokens '%s'", ck, tk, idp);
+    free(img);
+    free(ref);
+    for (gs = 8; gs <= 16; gs += 8) {
+      Cmp cq, cx;
+      double *qref, *lg;
+      img = ckpt_image_v(&m, 2, gs, &len, &qm);
+      write_file(ck, img, len);
+      qref = ref_logits(&qm, ids, n, 0);
+      ref = ref_logits(&m, ids, n, 0);
+      snprintf(name, sizeof name, "version 2 checkpoint, Q8_0 groups of %d (%s)", gs, base);
+      lg = prog_logits(name, ck, tk, idp, n, c->vocab, "");
+      if (lg) {
+        cq = compare(lg, qref, (size_t)n * (size_t)c->vocab);
+        cx = compare(lg, ref, (size_t)n * (size_t)c->vocab);
+        report(cq.maxdiff <= TOL_Q8_WEIGHTS * cq.scale, name,
+               "max |diff| from the reference with the dequantized weights %.3g x scale %.3g (tolerance %.3g); "
+               "from the float32 weights' %.3g",
+               cq.maxdiff / cq.scale, cq.scale, TOL_Q8_WEIGHTS, cx.maxdiff / cx.scale);
+        free(lg);
+      }
+      if (gs == 8) {
+        unsigned char *b2 = (unsigned char *)xmalloc(len);
+        static const int bad_gs[] = {0, -8, 7, 1 << 30};
+        int k;
+        for (k = 0; k < 4; k++) {
+          memcpy(b2, img, len);
+          put_i32(b2 + 37, bad_gs[k]);
+          write_file(ck, b2, len);
+          snprintf(name, sizeof name, "bad version 2 checkpoint: group size %d (%s)", bad_gs[k], base);
+          expect_error(name, ck, "'%s' -z '%s' --logits-tokens '%s'", ck, tk, idp);
+        }
+        write_file(ck, img, len - 1);
+        snprintf(name, sizeof name, "bad version 2 checkpoint: 1 byte short (%s)", base);
+        expect_error(name, ck, "'%s' -z '%s' --logits-tokens '%s'", ck, tk, idp);
+        free(b2);
+      }
+      free(img);
+      free(qref);
+      free(ref);
+      model_free(&qm);
+    }
+    vocab_free(&v);
+    model_free(&m);
+  }
+}
+
 /* ------------------------------------------------------------ --ppl */
 typedef struct {
   double ppl, loss, kv;
@@ -2565,6 +2759,7 @@ int main(int argc, char **argv) {
       check_case(&cases[k], 1000u + 17u * (unsigned)k, 1);
   }
   check_layer_dtypes(2000);
+  check_versions(2500);
   check_ppl(3000);
   check_generation(4000);
   check_bad_input(5000);
