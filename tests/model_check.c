@@ -89,13 +89,19 @@
 #include <sys/wait.h>
 
 /* ------------------------------------------------------------ tolerances */
-/* All logits tolerances are relative to the reference logits' scale
-   (max |logit| over the whole check), on max |program - reference|.  The
-   program computes in float32; the reference in double.  Measured on these
-   models (see the detail printed by every check): f32 ~1e-6, f16 ~1e-3,
-   bf16 ~1e-2, int8 ~1e-2, fp8_e4m3 ~5e-2 at most.  The "broken cache"
-   effect (a key rotated one position off, or the newest key missing) is
-   printed by the sensitivity check and must exceed every tolerance 2x. */
+/* Logits tolerances are on max |program - reference| relative to the
+   logits' scale (max |reference logit| over the check).  The program
+   computes in float32, the reference in double.
+   TOL_F32: exact configurations (F32 cache, any chunking, block size,
+   threads, window eviction); measured <= 1.7e-6.
+   TOL_Q_*: quantized caches against the reference that rounds K and V as
+   the format does; measured <= 1e-6 mostly, up to 1.3e-3 where a value
+   computed in float lands on the other side of a rounding boundary (peaky
+   random attention amplifies it).  Against the exact reference the same
+   caches differ by 1e-3 (f16) to 0.7 (fp8_e5m2) x scale.  A broken cache (a
+   key rotated one position off, or the newest key missing) moves the logits
+   by >= 0.65 x scale on every model (the sensitivity checks require > 10 x
+   the largest of these tolerances). */
 #define TOL_F32 2e-5
 #define TOL_Q_F16 5e-3
 #define TOL_Q_BF16 5e-3
