@@ -1064,8 +1064,8 @@ static void serve(const options *o, config *c, int steps) {
     fflush(stdout);
     fprintf(stderr,
             "serve: %d requests, %ld tokens generated in %d steps, %.2f s: %.1f tok/s generated, %.1f tok/s "
-            "computed (prefill + decode); peak batch %d, %ld preemptions; prefix cache hit rate %.1f%% (%ld of the %ld "
-            "tokens looked up at admission reused); %.1f%% of the time inside kvattn calls\n",
+            "computed (prefill + decode); peak batch %d, %ld preemptions; prefix cache hit rate %.1f%% (%ld of %ld "
+            "prompt tokens reused, re-admissions included); %.1f%% of the time inside kvattn calls\n",
             n_req, generated, step, dt, generated / (dt + 1e-12), computed / (dt + 1e-12), peak, preemptions,
             cs.prefix_queries ? 100.0 * (double)cs.prefix_hits / (double)cs.prefix_queries : 0.0, cs.prefix_hits,
             cs.prefix_queries, 100.0 * st.t_kva / (dt + 1e-12));
