@@ -854,13 +854,15 @@ static inline float llm__dot(const float *w, const float *x, int n) {
 }
 
 /* y [n_tok][d_out] = x [n_tok][d_in] times W^T, W [d_out][d_in].  Threads
-   split the output rows; each takes its rows' weights once for all tokens. */
+   split the output rows; each takes its rows' weights once for all tokens.
+   Products under a million multiply-adds stay on one thread (a parallel
+   region costs more than it saves there). */
 static inline void llm_matmul(float *y, const float *x, const float *w, int n_tok, int d_in, int d_out, int n_threads) {
   int n_blk = (d_out + 3) / 4, b;
   (void)n_threads;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(n_threads) \
-    if (n_threads > 1 && (double)n_tok * d_in * d_out > 65536.0)
+    if (n_threads > 1 && (double)n_tok * d_in * d_out > 1048576.0)
 #endif
   for (b = 0; b < n_blk; b++) {
     int r0 = 4 * b, t, r;
@@ -1012,7 +1014,7 @@ static inline kva_status llm_forward_rows(const llm_model *m, llm_state *s, kva_
   kva_rope rope;
   kva_batch *plan = NULL;
   kva_status st = KVA_OK;
-  double t0;
+  double t0, work = 0.0;
   for (i = 0; i < n_seqs; i++) n += n_q[i];
   if (n <= 0) return KVA_OK;
   if (n > s->max_rows) return KVA_ERR_ARG;
@@ -1025,7 +1027,12 @@ static inline kva_status llm_forward_rows(const llm_model *m, llm_state *s, kva_
     int base = kva_seq_pos(c, seqs[i]) - n_q[i], t;
     if (base < 0) return KVA_ERR_SEQ;
     for (t = 0; t < n_q[i]; t++) s->pos[r++] = base + t;
+    work += (double)n_q[i] * kva_seq_len(c, seqs[i]);
   }
+  /* a parallel region costs microseconds (milliseconds when a thread's
+     core is busy elsewhere): small attention calls run on one thread (the
+     results are the same for any thread count) */
+  if (work * p->n_kv_heads * p->head_dim < 262144.0) a.n_threads = 1;
   for (r = 0; r < n; r++) {
     if (tokens[r] < 0 || tokens[r] >= V) return KVA_ERR_ARG;
     memcpy(s->x + (size_t)r * D, w->tok_emb + (size_t)tokens[r] * D, (size_t)D * sizeof(float));
