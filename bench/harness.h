@@ -12,6 +12,7 @@
      bench_quality.c          quality: storage dtype error, FP8 scale calibration; the summary's
                               error column
      bench_quality_evict.c    quality: eviction against the full cache
+     bench_quality_model.c    quality: KV-cache configurations on the trained model in bench/model/
      bench_paged.c            paged: decode against block size and layout
      bench_paged_alloc.c      paged: request trace, prefix caching, block operations
      bench_mla.c              mla: absorbed against naive MLA decode
@@ -119,6 +120,10 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(RATIOMIN, "ratio_min") X(PLAN, "plan_s") X(PLANFRAC, "plan_over_run") X(TOKENS, "tokens_total") X(LENS, "lengths")                   \
   X(SPLITS, "kv_splits") X(UNITS, "work_units") X(IDENT, "identical") X(TENSOR, "tensor") X(RULE, "rule")    \
   X(SCALE, "scale") X(RTRMS, "roundtrip_rel_rms") X(SAT, "saturated")                                       \
+  X(LOSS, "loss_nats") X(PPL, "perplexity") X(DLOSS, "loss_delta") X(KL, "kl_mean")                        \
+  X(KLQ1, "kl_first_quarter") X(KLQ4, "kl_last_quarter") X(PK25, "passkey_0_25") X(PK50, "passkey_0_5")       \
+  X(PK90, "passkey_0_9") X(PKN, "passkey_cases") X(TOKS, "decode_tok_per_s") X(KVASHARE, "decode_kvattn_share") \
+  X(KSCALE, "k_scale") X(VSCALE, "v_scale")                                                                 \
   X(SOURCE, "source") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,
@@ -215,6 +220,7 @@ typedef struct {
   int evict_ctx, evict_ctx_set;
   long budgets[MAXL];
   int n_budgets;
+  const char *model_dir;       /* quality model: the trained model's directory (NULL: bench/model) */
 } opts;
 
 /* which options the command line set (the rest take per-subcommand defaults) */
@@ -269,6 +275,7 @@ typedef void (*part_fn)(const opts *o, const machine *m);
   X(DTYPES, "dtypes", "quality", quality_dtypes)        \
   X(EVICT, "evict", "quality", quality_evict)           \
   X(CALIB, "calib", "quality", quality_calib)           \
+  X(MODEL, "model", "quality", quality_model)           \
   X(ATTN, "attn", "paged", paged_attn)                  \
   X(TRACE, "trace", "paged", paged_trace)               \
   X(PREFIX, "prefix", "paged", paged_prefix)            \

@@ -41,7 +41,13 @@ static void usage(void) {
       "              calibration (part calib): for E4M3 and E5M2, on outlier-channel K and on V, the scale\n"
       "              of each kva_fp8_calibrate rule (ABSMAX, VLLM_K / VLLM_V, MSE; and 1.0), its\n"
       "              saturation and round-trip error, and the decode output error against f32 storage\n"
-      "              with that scale in the cache (at the first --ctx, --trials queries)\n"
+      "              with that scale in the cache (at the first --ctx, --trials queries); KV-cache\n"
+      "              configurations on the trained model of bench/model/ (part model: f32, f16, bf16,\n"
+      "              int8, fp8 with scale 1 and calibrated, f16 edge layers + int8 / fp8, WINDOW with and\n"
+      "              without sinks and H2O at --budgets of seq_len): bytes per token, held-out loss and\n"
+      "              perplexity, KL divergence from the f32 cache's next-token distributions, passkey\n"
+      "              accuracy, decode tokens/s (--threads: its first value; --quick: 2 windows, 1\n"
+      "              passkey case per distance)\n"
       "  paged       decode time against block size (--block-sizes) with blocks in order or scattered;\n"
       "              ratios to one contiguous block and (f32) to plain arrays, the block-16 ratio against\n"
       "              a 1.05 target (part attn); memory waste of a request trace under continuous\n"
@@ -117,7 +123,9 @@ static void usage(void) {
       "  --prefix-requests N paged prefix: requests over the two tenants (default 128, --quick 64)\n"
       "  --evict-ctx N       quality evict: tokens generated (default 2048, --quick 1024)\n"
       "  --budgets LIST      quality evict: budgets in percent of --evict-ctx (default 10,20,50); the\n"
-      "                      random-data rows use 20 (or the first)\n"
+      "                      random-data rows use 20 (or the first); quality model: percent of seq_len\n"
+      "  --model-dir DIR     quality model: the directory with model.bin, tokenizer.bin, heldout.ids,\n"
+      "                      calib.txt and passkey.tsv (default bench/model, from the repository root)\n"
       "\n"
       , stdout);
   fputs(
@@ -293,6 +301,9 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
       if ((n = parse_ints(v, o->budgets, MAXL)) <= 0) return bad("--budgets", v);
       for (k = 0; k < n; k++) if (o->budgets[k] < 2 || o->budgets[k] > 100) return bad("--budgets (percent, 2..100)", v);
       o->n_budgets = n;
+    } else if (!strcmp(a, "--model-dir")) {
+      NEEDV();
+      o->model_dir = v;
     } else if (!strcmp(a, "--out")) {
       NEEDV();
       o->out_dir = v;

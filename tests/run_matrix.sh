@@ -432,7 +432,14 @@ s_bench_smoke() {
     out=$("$BUILD/bench/kvattn_bench" --quick 2>&1) || { echo "$out" | tail -20; return 1; }
     echo "$out" | tail -5
     grep -q 'all checks passed' <<<"$out" || { echo "*** no 'all checks passed' line"; return 1; }
-    x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null
+    x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null || return 1
+    # the trained model of bench/model/: every KV-cache configuration over 2 windows and 3 passkey
+    # cases; the part's own checks (f32 run twice bit-identical: KL 0; f16 KL < 1e-3; losses finite;
+    # bytes per token; eviction budgets) must pass
+    show "$BUILD/bench/kvattn_bench" quality --parts model --quick --quiet
+    out=$("$BUILD/bench/kvattn_bench" quality --parts model --quick --quiet 2>&1) || { echo "$out" | tail -30; return 1; }
+    grep -E '^(storage +f32 |model part checks)' <<<"$out"
+    grep -q '^model part checks: passed' <<<"$out" || { echo "*** no 'model part checks: passed' line"; return 1; }
 }
 
 # the repository stands on its own: no reference to a file it does not have

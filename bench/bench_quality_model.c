@@ -1,0 +1,707 @@
+/* bench/bench_quality_model.c - kvattn_bench quality, part model: KV-cache configurations on a
+   real trained model (bench/model/: a small Llama-architecture model, see its README.md), each
+   against the F32 cache: bytes per token, held-out loss and perplexity, the KL divergence of
+   every next-token distribution from the F32 cache's, passkey retrieval and decode speed.
+   The decoder is examples/llm.h (kvattn's RoPE, cache and attention).
+
+   Loss: the held-out ids (bench/model/heldout.ids) in windows of seq_len tokens, each from an
+   empty sequence, the logits at position t scored against token t + 1 (the last one against the
+   first token of the next window), as `kvattn_run MODEL --ppl-tokens IDS` computes it: a window
+   runs as one prefill, or token by token when an eviction policy is set (so it acts at every
+   step). The F32 reference runs window by window beside every configuration; each position's
+   KL(p_f32 || p_config) is taken at once from the reference's log-probabilities, so no more than
+   one window of logits is ever held. */
+#include "harness.h"
+#include "examples/llm.h"
+
+#define QM_MAXCFG 48
+#define QM_QUICK_WINDOWS 2
+#define QM_QUICK_PASSKEY 1 /* cases per distance */
+#define QM_F16_KL_MAX 1e-3 /* a sanity bound: an F16 cache's KL is orders of magnitude below */
+
+enum { QK_STORE, QK_FP8, QK_MIXED, QK_EVICT };
+static const char *const qk_name[] = {"storage", "fp8", "mixed", "eviction"};
+static const double pk_frac[3] = {0.25, 0.5, 0.9};
+
+typedef struct {
+  int kind, pct;     /* pct: eviction budget in percent of seq_len */
+  char name[64];
+  llm_cache_opts co;
+  kva_dtype ldt[64]; /* mixed: per-layer types (co.layer_dtype points here) */
+  kva_evict ev;
+  kva_cache *c;
+  size_t bpt;
+  double nll, kl[3]; /* sums: loss; KL over all positions, the first and the last quarter */
+  long n_nll, n_kl[3];
+  int pk_ok[3], pk_n[3];
+  double t_dec, t_kva; /* decode steps of the passkey runs: time, time inside kvattn calls */
+  long n_dec;
+  int bad, held_bad, checked;
+  char msg[240];
+} qm_cfg;
+
+typedef struct {
+  double frac;
+  char answer[32];
+  int32_t *tok;
+  int n;
+} qm_case;
+
+static char *qm_read(const char *path, long *len) {
+  FILE *f = fopen(path, "rb");
+  char *b;
+  long n;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fclose(f);
+    return NULL;
+  }
+  b = (char *)xalloc((size_t)n + 1);
+  if (n > 0 && fread(b, 1, (size_t)n, f) != (size_t)n) {
+    fclose(f);
+    free(b);
+    return NULL;
+  }
+  fclose(f);
+  b[n] = 0;
+  if (len) *len = n;
+  return b;
+}
+
+/* the log-softmax of one row of logits (double), as llm_nll computes its normalizer */
+static double qm_lse(const float *l, int n) {
+  double mx = l[0], sum = 0.0;
+  int i;
+  for (i = 1; i < n; i++)
+    if (l[i] > mx) mx = l[i];
+  for (i = 0; i < n; i++) sum += exp((double)l[i] - mx);
+  return mx + log(sum);
+}
+
+/* One window of configuration q: tokens[0..n), `after` the token that follows (-1: none).
+   ref: lp / p NULL: this is the reference, whose log-probabilities and probabilities go to
+   lp_out / p_out; else each position's KL against them is added up. */
+static kva_status qm_window(const llm_model *m, llm_state *s, qm_cfg *q, const int32_t *tok, int n, int32_t after,
+                            const double *lp, const double *p, double *lp_out, double *p_out) {
+  const int V = m->c.vocab_size, W = m->c.seq_len, evict = q->ev.kind != KVA_EVICT_NONE;
+  int seq, done = 0;
+  kva_status st;
+  if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
+  if (evict && (st = kva_seq_set_evict(q->c, seq, &q->ev)) != KVA_OK) {
+    kva_seq_free(q->c, seq);
+    return st;
+  }
+  while (done < n) {
+    int k = evict ? 1 : n - done, r;
+    st = llm_forward(m, s, q->c, seq, tok + done, k, s->logits, 1);
+    if (st != KVA_OK) break;
+    if (evict) {
+      int held = kva_seq_len(q->c, seq), want = done + 1 < q->ev.budget ? done + 1 : q->ev.budget;
+      if (held != want && !q->held_bad) {
+        q->held_bad = 1;
+        snprintf(q->msg, sizeof q->msg, "MISMATCH at position %d: kva_seq_len %d, want min(tokens, budget) = %d",
+                 done, held, want);
+      }
+    }
+    for (r = 0; r < k; r++) {
+      const int t = done + r;
+      const float *l = s->logits + (size_t)r * V;
+      const int32_t target = t + 1 < n ? tok[t + 1] : after;
+      const double lse = qm_lse(l, V);
+      int j;
+      if (target >= 0) {
+        q->nll += lse - (double)l[target];
+        q->n_nll++;
+      }
+      if (!lp) {
+        double *o = lp_out + (size_t)t * V, *po = p_out + (size_t)t * V;
+        for (j = 0; j < V; j++) {
+          o[j] = (double)l[j] - lse;
+          po[j] = exp(o[j]);
+        }
+      } else {
+        const double *a = lp + (size_t)t * V, *pa = p + (size_t)t * V;
+        double kl = 0.0;
+        for (j = 0; j < V; j++) kl += pa[j] * (a[j] - ((double)l[j] - lse));
+        q->kl[0] += kl;
+        q->n_kl[0]++;
+        if (t < W / 4) q->kl[1] += kl, q->n_kl[1]++;
+        if (t >= W - W / 4) q->kl[2] += kl, q->n_kl[2]++;
+      }
+    }
+    done += k;
+  }
+  kva_seq_free(q->c, seq);
+  return st;
+}
+
+/* One passkey case: BOS + the prompt (a prefill, or token by token under eviction), then
+   answer length + 2 greedy tokens, each step timed. Exact match: the generated text, past its
+   leading white space, starts with a run of digits equal to the answer. */
+static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokenizer *tz, qm_cfg *q, const qm_case *pc,
+                             int *ok) {
+  const int V = m->c.vocab_size, evict = q->ev.kind != KVA_EVICT_NONE, n_gen = (int)strlen(pc->answer) + 2;
+  char text[256];
+  size_t tl = 0;
+  int seq, i, prev = pc->tok[pc->n - 1];
+  kva_status st;
+  const char *c;
+  *ok = 0;
+  text[0] = 0;
+  if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
+  if (evict) st = kva_seq_set_evict(q->c, seq, &q->ev);
+  if (st == KVA_OK) {
+    if (evict)
+      for (i = 0; i < pc->n && st == KVA_OK; i++)
+        st = llm_forward(m, s, q->c, seq, pc->tok + i, 1, i == pc->n - 1 ? s->logits : NULL, 0);
+    else
+      st = llm_forward(m, s, q->c, seq, pc->tok, pc->n, s->logits, 0);
+  }
+  for (i = 0; i < n_gen && st == KVA_OK; i++) {
+    int32_t t = llm_argmax(s->logits, V);
+    const char *piece = llm_decode(tz, prev, t);
+    double t0 = now_s(), k0 = s->t_kva;
+    size_t pl = strlen(piece);
+    if (tl + pl < sizeof text) {
+      memcpy(text + tl, piece, pl + 1);
+      tl += pl;
+    }
+    prev = t;
+    st = llm_forward(m, s, q->c, seq, &t, 1, s->logits, 0);
+    q->t_dec += now_s() - t0;
+    q->t_kva += s->t_kva - k0;
+    q->n_dec++;
+  }
+  kva_seq_free(q->c, seq);
+  if (st != KVA_OK) return st;
+  for (c = text; *c && isspace((unsigned char)*c); c++) {}
+  {
+    size_t nd = 0, na = strlen(pc->answer);
+    while (isdigit((unsigned char)c[nd])) nd++;
+    *ok = nd == na && nd > 0 && !strncmp(c, pc->answer, na);
+  }
+  return KVA_OK;
+}
+
+static void qm_fail_row(rows *t, const char *fmt, const char *a, const char *b) {
+  row *w = rows_add(t, "model");
+  rs(w, C_NOTE, fmt, a, b);
+  g_failed = 1;
+}
+
+void quality_model(const opts *o, const machine *m) {
+  static const char *const files[] = {"model.bin", "tokenizer.bin", "heldout.ids", "calib.txt", "passkey.tsv"};
+  const char *dir = o->model_dir ? o->model_dir : "bench/model";
+  const int threads = o->n_threads > 0 ? (int)o->threads[0] : 1;
+  rows t = {0};
+  llm_model md;
+  llm_tokenizer tz;
+  llm_state st, st_cal;
+  qm_cfg *cf = NULL, ref;
+  qm_case *cases = NULL;
+  int n_cases = 0, n_cfg = 0, i, j, w, L, W, V, n_ids = 0, n_win, n_edge;
+  int32_t *ids = NULL;
+  char path[1200], err[1200], title[3000], *txt = NULL;
+  double *lp = NULL, *pp = NULL, t_start = now_s(), t_loss = 0;
+  float cal[2][2] = {{1, 1}, {1, 1}}; /* [e4m3, e5m2][K, V] */
+  int ok_all = 1, have_tz = 0;
+  (void)m;
+  memset(&md, 0, sizeof md);
+  memset(&st, 0, sizeof st);
+  memset(&ref, 0, sizeof ref);
+  /* ---- the files */
+  for (i = 0; i < NV(files); i++) {
+    FILE *f;
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    if (!(f = fopen(path, "rb"))) {
+      fprintf(stderr,
+              "kvattn_bench quality, part model: cannot open %s: run from the repository root or pass --model-dir DIR "
+              "(a directory with model.bin, tokenizer.bin, heldout.ids, calib.txt and passkey.tsv)\n",
+              path);
+      qm_fail_row(&t, "ERROR cannot open %s%s: run from the repository root or pass --model-dir", path, "");
+      goto out;
+    }
+    fclose(f);
+  }
+  snprintf(path, sizeof path, "%s/model.bin", dir);
+  if (!llm_model_load(&md, path, err, sizeof err)) {
+    fprintf(stderr, "kvattn_bench quality, part model: %s\n", err);
+    qm_fail_row(&t, "ERROR %s%s", err, "");
+    goto out;
+  }
+  L = md.c.n_layers, W = md.c.seq_len, V = md.c.vocab_size;
+  snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+  if (!llm_tokenizer_load(&tz, path, V, err, sizeof err)) {
+    fprintf(stderr, "kvattn_bench quality, part model: %s\n", err);
+    qm_fail_row(&t, "ERROR %s%s", err, "");
+    goto out;
+  }
+  have_tz = 1;
+  /* held-out ids */
+  snprintf(path, sizeof path, "%s/heldout.ids", dir);
+  {
+    long len;
+    char *p, *e;
+    if (!(txt = qm_read(path, &len))) {
+      qm_fail_row(&t, "ERROR cannot read %s%s", path, "");
+      goto out;
+    }
+    ids = (int32_t *)xalloc(((size_t)len / 2 + 2) * sizeof(int32_t));
+    for (p = txt;;) {
+      long v = strtol(p, &e, 10);
+      if (e == p) break;
+      if (v < 0 || v >= V) {
+        snprintf(err, sizeof err, "%ld is not a token id (vocabulary %d)", v, V);
+        qm_fail_row(&t, "ERROR %s: %s", path, err);
+        goto out;
+      }
+      ids[n_ids++] = (int32_t)v;
+      p = e;
+    }
+    while (*e && isspace((unsigned char)*e)) e++;
+    if (*e || n_ids < 2) {
+      qm_fail_row(&t, "ERROR %s: %s", path, *e ? "not whitespace-separated token ids" : "fewer than 2 ids");
+      goto out;
+    }
+    free(txt);
+    txt = NULL;
+  }
+  n_win = (n_ids + W - 1) / W;
+  if (o->quick && n_win > QM_QUICK_WINDOWS) n_win = QM_QUICK_WINDOWS;
+  /* passkey cases: distance_fraction TAB answer TAB prompt */
+  snprintf(path, sizeof path, "%s/passkey.tsv", dir);
+  {
+    char *line, *save = NULL;
+    int per[3] = {0, 0, 0};
+    if (!(txt = qm_read(path, NULL))) {
+      qm_fail_row(&t, "ERROR cannot read %s%s", path, "");
+      goto out;
+    }
+    cases = (qm_case *)xalloc(sizeof(qm_case) * 4096);
+    for (line = strtok_r(txt, "\n", &save); line && n_cases < 4096; line = strtok_r(NULL, "\n", &save)) {
+      char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL, *e;
+      double fr;
+      int d = -1, k, n;
+      qm_case *pc = &cases[n_cases];
+      if (!t2 || t2 - t1 - 1 <= 0 || t2 - t1 - 1 >= (long)sizeof pc->answer) {
+        qm_fail_row(&t, "ERROR %s: a line is not distance_fraction<TAB>answer<TAB>prompt%s", path, "");
+        goto out;
+      }
+      fr = strtod(line, &e);
+      for (k = 0; k < 3; k++)
+        if (fabs(fr - pk_frac[k]) < 1e-6) d = k;
+      if (e != t1 || d < 0) {
+        qm_fail_row(&t, "ERROR %s: a distance fraction is not 0.25, 0.5 or 0.9%s", path, "");
+        goto out;
+      }
+      if (o->quick && per[d] >= QM_QUICK_PASSKEY) continue;
+      per[d]++;
+      pc->frac = fr;
+      memcpy(pc->answer, t1 + 1, (size_t)(t2 - t1 - 1));
+      pc->answer[t2 - t1 - 1] = 0;
+      pc->tok = (int32_t *)xalloc((strlen(t2 + 1) + 3) * sizeof(int32_t));
+      if (llm_encode(&tz, t2 + 1, 1, 0, pc->tok, &n) != 0) {
+        qm_fail_row(&t, "ERROR %s: out of memory encoding a prompt%s", path, "");
+        goto out;
+      }
+      pc->n = n;
+      if (n + (int)strlen(pc->answer) + 2 > W) {
+        snprintf(err, sizeof err, "a prompt of %d tokens leaves no room for its answer in seq_len %d", n, W);
+        qm_fail_row(&t, "ERROR %s: %s", path, err);
+        goto out;
+      }
+      n_cases++;
+    }
+    free(txt);
+    txt = NULL;
+  }
+  if (!llm_state_init(&st, &md, W, threads)) {
+    qm_fail_row(&t, "ERROR out of memory (model state)%s%s", "", "");
+    goto out;
+  }
+  /* ---- FP8 scales: kva_fp8_calibrate (MSE rule) on every layer's K and V of calib.txt's first
+     seq_len tokens, as `kvattn_run --fp8-calib` picks them */
+  snprintf(path, sizeof path, "%s/calib.txt", dir);
+  {
+    float *kb = NULL, *vb = NULL;
+    size_t nv = 0;
+    int n;
+    int32_t *ct;
+    kva_status cs;
+    progress("quality model: FP8 calibration on %s", path);
+    if (!(txt = qm_read(path, NULL))) {
+      qm_fail_row(&t, "ERROR cannot read %s%s", path, "");
+      goto out;
+    }
+    ct = (int32_t *)xalloc((strlen(txt) + 3) * sizeof(int32_t));
+    if (llm_encode(&tz, txt, 1, 0, ct, &n) != 0 || n < 2) {
+      free(ct);
+      qm_fail_row(&t, "ERROR %s: %s", path, "empty text or out of memory");
+      goto out;
+    }
+    if (n > W) n = W;
+    if (!llm_state_init(&st_cal, &md, n < 256 ? n : 256, threads)) {
+      free(ct);
+      qm_fail_row(&t, "ERROR out of memory (model state)%s%s", "", "");
+      goto out;
+    }
+    cs = llm_kv_sample(&md, &st_cal, ct, n, &kb, &vb, &nv);
+    llm_state_free(&st_cal);
+    free(ct);
+    for (i = 0; i < 2 && cs == KVA_OK; i++) {
+      kva_dtype f = i ? KVA_FP8_E5M2 : KVA_FP8_E4M3;
+      if ((cs = kva_fp8_calibrate(f, kb, nv, KVA_CALIB_MSE, &cal[i][0])) == KVA_OK)
+        cs = kva_fp8_calibrate(f, vb, nv, KVA_CALIB_MSE, &cal[i][1]);
+    }
+    free(kb);
+    free(vb);
+    if (cs != KVA_OK) {
+      qm_fail_row(&t, "ERROR FP8 calibration: %s%s", kva_status_str(cs), "");
+      goto out;
+    }
+    free(txt);
+    txt = NULL;
+  }
+  /* ---- the configurations */
+  cf = (qm_cfg *)xalloc(sizeof(qm_cfg) * QM_MAXCFG);
+  memset(cf, 0, sizeof(qm_cfg) * QM_MAXCFG);
+  n_edge = L / 8 > 1 ? L / 8 : 1; /* f16 edge layers of the mixed configurations */
+  if (2 * n_edge >= L) n_edge = 0;
+  {
+    static const kva_dtype plain[] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8};
+    for (i = 0; i < NV(plain); i++) {
+      qm_cfg *q = &cf[n_cfg++];
+      q->kind = QK_STORE;
+      q->co.k_dtype = q->co.v_dtype = plain[i];
+      snprintf(q->name, sizeof q->name, "%s", dtype_str(plain[i]));
+    }
+    for (i = 0; i < 4; i++) {
+      qm_cfg *q = &cf[n_cfg++];
+      kva_dtype f = i < 2 ? KVA_FP8_E4M3 : KVA_FP8_E5M2;
+      q->kind = QK_FP8;
+      q->co.k_dtype = q->co.v_dtype = f;
+      q->co.k_scale = i % 2 ? cal[i / 2][0] : 1.0f;
+      q->co.v_scale = i % 2 ? cal[i / 2][1] : 1.0f;
+      snprintf(q->name, sizeof q->name, "%s %s", dtype_str(f), i % 2 ? "calibrated" : "scale 1");
+    }
+    for (i = 0; i < 2 && n_edge > 0; i++) {
+      qm_cfg *q = &cf[n_cfg++];
+      kva_dtype mid = i ? KVA_FP8_E4M3 : KVA_INT8;
+      char edges[40];
+      q->kind = QK_MIXED;
+      for (j = 0; j < L; j++) q->ldt[j] = j < n_edge || j >= L - n_edge ? KVA_F16 : mid;
+      q->co.k_dtype = q->co.v_dtype = mid;
+      q->co.layer_dtype = q->ldt;
+      if (i) q->co.k_scale = cal[0][0], q->co.v_scale = cal[0][1];
+      if (n_edge == 1) snprintf(edges, sizeof edges, "L0,L%d", L - 1);
+      else snprintf(edges, sizeof edges, "L0-%d,L%d-%d", n_edge - 1, L - n_edge, L - 1);
+      snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, dtype_str(mid), i ? " cal." : "");
+    }
+    for (i = 0; i < 3; i++)
+      for (j = 0; j < o->n_budgets && n_cfg < QM_MAXCFG; j++) {
+        qm_cfg *q = &cf[n_cfg++];
+        int b = (int)floor((double)o->budgets[j] * W / 100.0 + 0.5);
+        q->kind = QK_EVICT;
+        q->pct = (int)o->budgets[j];
+        q->co.k_dtype = q->co.v_dtype = KVA_F32;
+        q->ev.kind = i < 2 ? KVA_EVICT_WINDOW : KVA_EVICT_H2O;
+        q->ev.budget = b < 1 ? 1 : b;
+        q->ev.n_sink = i ? (q->ev.budget >= 8 ? 4 : 0) : 0;
+        q->ev.n_recent = i == 2 ? q->ev.budget / 2 : 0;
+        if (q->ev.n_sink + q->ev.n_recent > q->ev.budget) q->ev.n_recent = q->ev.budget - q->ev.n_sink;
+        snprintf(q->name, sizeof q->name, "%s %ld%%%s", i < 2 ? "WINDOW" : "H2O", o->budgets[j],
+                 i == 1 ? " + 4 sinks" : i == 2 ? " (4 sinks)" : "");
+      }
+  }
+  ref.co.k_dtype = ref.co.v_dtype = KVA_F32;
+  snprintf(ref.name, sizeof ref.name, "f32 reference");
+  for (i = -1; i < n_cfg; i++) {
+    qm_cfg *q = i < 0 ? &ref : &cf[i];
+    kva_status cs;
+    q->co.n_blocks = llm_blocks_for(&q->co, W);
+    q->co.max_seqs = 1;
+    q->bpt = llm_cache_bytes_per_token(&md, &q->co);
+    if ((cs = llm_cache_create(&md, &q->co, &q->c)) != KVA_OK) {
+      q->bad = 1;
+      snprintf(q->msg, sizeof q->msg, "ERROR cache: %s", kva_status_str(cs));
+      if (i < 0) {
+        qm_fail_row(&t, "ERROR f32 reference cache: %s%s", kva_status_str(cs), "");
+        goto out;
+      }
+    }
+  }
+  /* ---- loss and KL, window by window: the reference, then every configuration */
+  lp = (double *)xalloc((size_t)W * V * sizeof(double));
+  pp = (double *)xalloc((size_t)W * V * sizeof(double));
+  for (w = 0; w < n_win; w++) {
+    int start = w * W, len = n_ids - start < W ? n_ids - start : W;
+    int32_t after = start + len < n_ids ? ids[start + len] : -1;
+    kva_status cs;
+    double el = now_s() - t_start;
+    if (w > 0)
+      progress("quality model: loss, window %d/%d (%d configurations + the f32 reference), %.0f s, about %.0f s left",
+               w + 1, n_win, n_cfg, el, el / w * (n_win - w));
+    else
+      progress("quality model: loss, window 1/%d (%d configurations + the f32 reference)", n_win, n_cfg);
+    if ((cs = qm_window(&md, &st, &ref, ids + start, len, after, NULL, NULL, lp, pp)) != KVA_OK) {
+      qm_fail_row(&t, "ERROR f32 reference: %s%s", kva_status_str(cs), "");
+      goto out;
+    }
+    for (i = 0; i < n_cfg; i++) {
+      qm_cfg *q = &cf[i];
+      if (q->bad) continue;
+      if ((cs = qm_window(&md, &st, q, ids + start, len, after, lp, pp, NULL, NULL)) != KVA_OK) {
+        q->bad = 1;
+        snprintf(q->msg, sizeof q->msg, "ERROR window %d: %s", w, kva_status_str(cs));
+      }
+    }
+  }
+  /* ---- passkey retrieval and decode speed */
+  t_loss = now_s() - t_start;
+  for (j = 0; j < n_cases; j++) {
+    int d;
+    double el = now_s() - t_start;
+    if (j > 0)
+      progress("quality model: passkey case %d/%d (distance %.2f of seq_len), %.0f s, about %.0f s left", j + 1,
+               n_cases, cases[j].frac, el, (el - t_loss) / j * (n_cases - j));
+    else
+      progress("quality model: passkey case 1/%d (distance %.2f of seq_len), %.0f s", n_cases, cases[j].frac, el);
+    for (d = 0; d < 3; d++)
+      if (fabs(cases[j].frac - pk_frac[d]) < 1e-6) break;
+    for (i = 0; i < n_cfg; i++) {
+      qm_cfg *q = &cf[i];
+      int ok;
+      kva_status cs;
+      if (q->bad) continue;
+      if ((cs = qm_passkey(&md, &st, &tz, q, &cases[j], &ok)) != KVA_OK) {
+        q->bad = 1;
+        snprintf(q->msg, sizeof q->msg, "ERROR passkey case %d: %s", j, kva_status_str(cs));
+        continue;
+      }
+      q->pk_ok[d] += ok;
+      q->pk_n[d]++;
+    }
+  }
+  progress_end();
+  /* ---- rows and checks */
+  {
+    const double ref_loss = ref.nll / (double)ref.n_nll;
+    const size_t per = (size_t)2 * L * md.c.n_kv_heads * md.c.head_dim;
+    for (i = 0; i < n_cfg; i++) {
+      qm_cfg *q = &cf[i];
+      row *r = rows_add(&t, "model");
+      double loss = q->n_nll ? q->nll / (double)q->n_nll : NAN;
+      int d;
+      char chk[240];
+      chk[0] = 0;
+      rs(r, C_SCHEME, "%s", qk_name[q->kind]);
+      rs(r, C_NAME, "%s", q->name);
+      rs(r, C_MODEL, "%s", dir);
+      rn(r, C_LAYERS, L);
+      rn(r, C_HEADS, md.c.n_heads);
+      rn(r, C_KVHEADS, md.c.n_kv_heads);
+      rn(r, C_HEADDIM, md.c.head_dim);
+      rn(r, C_CTX, W);
+      rn(r, C_THREADS, threads);
+      rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : dtype_str(q->co.k_dtype));
+      rn(r, C_BPT, (double)q->bpt);
+      if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0)) {
+        rn(r, C_KSCALE, q->co.k_scale);
+        rn(r, C_VSCALE, q->co.v_scale);
+      }
+      if (q->kind == QK_EVICT) {
+        rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
+        rn(r, C_BUDGET, q->ev.budget);
+        rn(r, C_BUDGETFRAC, (double)q->ev.budget / W);
+        rn(r, C_NSINK, q->ev.n_sink);
+        if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
+        rn(r, C_BHELD, (double)q->bpt * (q->ev.budget < W ? q->ev.budget : W));
+      } else {
+        rs(r, C_POLICY, "none");
+        rn(r, C_BHELD, (double)q->bpt * W);
+      }
+      if (q->bad) {
+        rs(r, C_NOTE, "%s", q->msg);
+        rs(r, C_PASS, "ERROR");
+        g_failed = 1;
+        ok_all = 0;
+        continue;
+      }
+      rn(r, C_TOKENS, (double)q->n_nll);
+      rn(r, C_LOSS, loss);
+      rn(r, C_PPL, exp(loss));
+      rn(r, C_DLOSS, loss - ref_loss);
+      rn(r, C_KL, q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1));
+      if (q->n_kl[1]) rn(r, C_KLQ1, q->kl[1] / (double)q->n_kl[1]);
+      if (q->n_kl[2]) rn(r, C_KLQ4, q->kl[2] / (double)q->n_kl[2]);
+      for (d = 0; d < 3; d++)
+        if (q->pk_n[d]) rn(r, d == 0 ? C_PK25 : d == 1 ? C_PK50 : C_PK90, (double)q->pk_ok[d] / q->pk_n[d]);
+      rn(r, C_PKN, (double)(q->pk_n[0] + q->pk_n[1] + q->pk_n[2]));
+      if (q->n_dec) {
+        rn(r, C_TOKS, (double)q->n_dec / q->t_dec);
+        rn(r, C_KVASHARE, q->t_kva / q->t_dec);
+      }
+      /* checks */
+      if (!isfinite(loss)) snprintf(chk, sizeof chk, "FAIL loss is not finite");
+      else if (q->held_bad) snprintf(chk, sizeof chk, "FAIL %s", q->msg);
+      else if (q->pk_n[0] + q->pk_n[1] + q->pk_n[2] != n_cases || q->pk_ok[0] > q->pk_n[0] ||
+               q->pk_ok[1] > q->pk_n[1] || q->pk_ok[2] > q->pk_n[2])
+        snprintf(chk, sizeof chk, "FAIL passkey: %d of %d cases run", q->pk_n[0] + q->pk_n[1] + q->pk_n[2], n_cases);
+      else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32) {
+        q->checked = 1;
+        if (q->kl[0] != 0.0 || q->nll != ref.nll)
+          snprintf(chk, sizeof chk, "FAIL a second f32 run differs from the reference (KL %.3g, loss %.9g vs %.9g)",
+                   q->kl[0], loss, ref_loss);
+        else if (q->bpt != per * 4)
+          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want 2 x layers x KV heads x head dim x 4 = %lu",
+                   (unsigned long)q->bpt, (unsigned long)(per * 4));
+      } else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) {
+        double kl = q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1);
+        q->checked = 1;
+        if (!(kl < QM_F16_KL_MAX) || kl < 0)
+          snprintf(chk, sizeof chk, "FAIL f16 KL %.3g not in [0, %g)", kl, QM_F16_KL_MAX);
+        else if (q->bpt != per * 2)
+          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want 2 x layers x KV heads x head dim x 2 = %lu",
+                   (unsigned long)q->bpt, (unsigned long)(per * 2));
+      } else if (q->kind == QK_EVICT)
+        q->checked = 1;
+      if (chk[0]) {
+        rs(r, C_PASS, "FAIL");
+        rs(r, C_NOTE, "%s", chk);
+        g_failed = 1;
+        ok_all = 0;
+      } else {
+        rs(r, C_PASS, q->checked ? "ok" : "");
+        if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0))
+          rs(r, C_NOTE, "scales K %.3g V %.3g", q->co.k_scale, q->co.v_scale);
+        else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32)
+          rs(r, C_NOTE, "a second run: bit-identical to the reference");
+        else if (q->kind == QK_EVICT)
+          rs(r, C_NOTE, "held = min(tokens, %d) after every step", q->ev.budget);
+      }
+    }
+    if (g_fmt == OUT_TABLE) {
+      static const vcol vv[] = {{C_SCHEME, "kind", FM_STR},        {C_NAME, "config", FM_STR},
+                                {C_BPT, "B/token", FM_SEP},        {C_BHELD, "KV B @seq_len", FM_SEP},
+                                {C_LOSS, "loss", FM_F3},           {C_PPL, "ppl", FM_F2},
+                                {C_DLOSS, "d loss", FM_E},         {C_KL, "KL mean", FM_E},
+                                {C_KLQ1, "KL 1st 1/4", FM_E},      {C_KLQ4, "KL last 1/4", FM_E},
+                                {C_PK25, "pk .25", FM_F2},         {C_PK50, "pk .5", FM_F2},
+                                {C_PK90, "pk .9", FM_F2},          {C_TOKS, "tok/s", FM_SEP},
+                                {C_KVASHARE, "in kvattn", FM_PCT}, {C_PASS, "check", FM_STR},
+                                {C_NOTE, "note", FM_STR}};
+      long n_tok = ref.n_nll;
+      int pk_per = n_cases / 3;
+      snprintf(title, sizeof title,
+               "KV-cache configurations on the trained model in %s: %d layers, dim %d, %d heads, %d KV heads, head "
+               "dim %d,\n"
+               "  vocab %d, seq_len %d, %d thread(s). Loss over %ld held-out tokens (heldout.ids) in %d window(s) of %d, "
+               "each from\n"
+               "  an empty cache, as `kvattn_run MODEL --ppl-tokens IDS` (eviction rows token by token, so the policy "
+               "acts).\n"
+               "  f32 reference: loss %.6f nats, perplexity %.4f. d loss = loss - the reference's; KL = KL(p_f32 || "
+               "p_config)\n"
+               "  in nats per position, mean over all positions and over the first / last quarter of each window "
+               "(positions\n"
+               "  0..%d / %d..%d). B/token = llm_cache_bytes_per_token (kva_cache_bytes_per_token: all layers, K+V+"
+               "scales);\n"
+               "  KV B @seq_len = bytes of the tokens held at the end of a full window. pk = passkey exact-match "
+               "accuracy\n"
+               "  (%d case(s) per distance 0.25 / 0.5 / 0.9 of seq_len; greedy after BOS + the prompt). tok/s = its "
+               "greedy decode\n"
+               "  steps (context ~%d), in kvattn = their share inside kvattn calls (RoPE, append, store, attend).\n"
+               "  fp8: scale 1, or kva_fp8_calibrate's MSE rule on K and V of calib.txt's first %d tokens (as "
+               "kvattn_run --fp8-calib).\n"
+               "  mixed: K and V in f16 on the first and last %d layer(s), the rest int8 / fp8_e4m3 (calibrated "
+               "scales).\n"
+               "  eviction rows: F32 storage; budgets in %% of seq_len (tokens: kvattn_run --evict window:B[:4] / "
+               "h2o:B:4:B/2);\n"
+               "  H2O keeps 4 sinks and n_recent = budget/2 (the H2O paper's half heavy, half recent) beside its heavy "
+               "hitters.",
+               dir, L, md.c.dim, md.c.n_heads, md.c.n_kv_heads, md.c.head_dim, V, W, threads, n_tok, n_win, W, ref_loss,
+               exp(ref_loss), W / 4 - 1, W - W / 4, W - 1, pk_per, n_cases ? cases[0].n : 0, W, n_edge);
+      print_table(title, vv, NV(vv), &t, C_SCHEME);
+      /* published anchors and a comparison */
+      text("\nPublished anchors (other models, other setups; for orientation):\n"
+           "  llama.cpp pull request #7412 (github.com/ggerganov/llama.cpp/pull/7412): a q8_0 K+V cache on Llama models "
+           "costs\n"
+           "    about +0.002 perplexity; mean KL divergence 0.00098, against 0.00019 for an f16 cache.\n"
+           "  StreamingLLM (Xiao et al. 2023, arXiv:2309.17453): a window cache without the first tokens collapses "
+           "once they\n"
+           "    are evicted; keeping 4 attention sinks stays close to the full cache.\n"
+           "  H2O (Zhang et al. 2023, arXiv:2306.14048): a 20%% heavy-hitter budget (10%% heavy + 10%% recent) is "
+           "close to the\n"
+           "    full cache on their tasks.\n");
+      {
+        const qm_cfg *f16 = NULL, *i8 = NULL, *win[MAXL] = {0}, *sink[MAXL] = {0}, *h2o[MAXL] = {0};
+        int b20 = -1;
+        for (i = 0; i < n_cfg; i++) {
+          const qm_cfg *q = &cf[i];
+          if (q->bad) continue;
+          if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) f16 = q;
+          if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT8) i8 = q;
+          if (q->kind == QK_EVICT)
+            for (j = 0; j < o->n_budgets; j++)
+              if (q->pct == o->budgets[j]) {
+                if (q->ev.kind == KVA_EVICT_H2O) h2o[j] = q;
+                else if (q->ev.n_sink) sink[j] = q;
+                else win[j] = q;
+                if (o->budgets[j] == 20) b20 = j;
+              }
+        }
+        text("Here (the f32 cache as the reference):\n");
+        if (f16 && i8)
+          text("  int8 (one float scale per token and KV head: groups of %d values, as q8_0's 32) KL %.2e vs llama.cpp "
+               "q8_0 9.8e-04;\n    f16 KL %.2e vs 1.9e-04 there; int8 perplexity %+.4f (%+.3f%%) vs about +0.002\n",
+               md.c.head_dim, i8->kl[0] / (double)i8->n_kl[0], f16->kl[0] / (double)f16->n_kl[0],
+               exp(i8->nll / (double)i8->n_nll) - exp(ref_loss),
+               100.0 * (exp(i8->nll / (double)i8->n_nll - ref_loss) - 1.0));
+        if (b20 < 0 && o->n_budgets > 0) b20 = 0;
+        if (b20 >= 0 && win[b20] && sink[b20] && h2o[b20]) {
+          /* collapse: perplexity x1.5 or more; close: within 2 %; a difference: more than 10 % of the larger
+             added loss + 0.001 nats */
+          double lw = win[b20]->nll / (double)win[b20]->n_nll - ref_loss,
+                 ls = sink[b20]->nll / (double)sink[b20]->n_nll - ref_loss,
+                 lh = h2o[b20]->nll / (double)h2o[b20]->n_nll - ref_loss;
+          double tws = 0.1 * (fabs(lw) > fabs(ls) ? fabs(lw) : fabs(ls)) + 1e-3,
+                 tsh = 0.1 * (fabs(lh) > fabs(ls) ? fabs(lh) : fabs(ls)) + 1e-3;
+          text("  at %ld%% of seq_len (%d tokens), d loss (perplexity change, KL mean):\n"
+               "    WINDOW without sinks %+.4f (%+.2f%%, %.1e): %s;\n"
+               "    WINDOW + 4 sinks %+.4f (%+.2f%%, %.1e): %s;\n"
+               "    H2O %+.4f (%+.2f%%, %.1e): %s; %s the window with sinks\n"
+               "    (collapse = perplexity x1.5 or more; close = within 2%%; a difference = more than 10%% of the larger "
+               "d loss + 0.001)\n",
+               o->budgets[b20], win[b20]->ev.budget, lw, 100.0 * (exp(lw) - 1.0), win[b20]->kl[0] / win[b20]->n_kl[0],
+               lw > log(1.5) ? "collapses, as StreamingLLM reports" : "no collapse, unlike StreamingLLM's models", ls,
+               100.0 * (exp(ls) - 1.0), sink[b20]->kl[0] / sink[b20]->n_kl[0],
+               ls < lw - tws ? "the sinks help" : ls > lw + tws ? "the sinks hurt" : "the sinks make no difference",
+               lh, 100.0 * (exp(lh) - 1.0), h2o[b20]->kl[0] / h2o[b20]->n_kl[0],
+               lh < log(1.02) ? "close to the full cache, as H2O reports" : "not close to the full cache, unlike H2O",
+               lh < ls - tsh ? "better than" : lh > ls + tsh ? "worse than" : "about equal to");
+        }
+      }
+    }
+  }
+  text("model part checks: %s\n",
+       ok_all ? "passed (f32 twice bit-identical: KL 0, the same loss; f16 KL below 1e-3; f32 / f16 bytes per token "
+                "= 2 x layers x KV heads x head dim x 4 / 2; every loss finite; every configuration ran every passkey case; eviction holds min(tokens, budget))"
+              : "FAILED (see FAIL / ERROR above)");
+out:
+  progress_end();
+  emit_rows(&t);
+  rows_free(&t);
+  if (cf)
+    for (i = 0; i < n_cfg; i++)
+      if (cf[i].c) kva_cache_destroy(cf[i].c);
+  if (ref.c) kva_cache_destroy(ref.c);
+  for (i = 0; i < n_cases; i++) free(cases[i].tok);
+  free(cases);
+  free(cf);
+  free(lp);
+  free(pp);
+  free(ids);
+  free(txt);
+  llm_state_free(&st);
+  if (have_tz) llm_tokenizer_free(&tz);
+  llm_model_free(&md);
+}
