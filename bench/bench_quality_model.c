@@ -183,9 +183,11 @@ static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokeniz
   return KVA_OK;
 }
 
+/* a failure before any configuration ran: one row with the message (printed in table mode) */
 static void qm_fail_row(rows *t, const char *fmt, const char *a, const char *b) {
   row *w = rows_add(t, "model");
   rs(w, C_NOTE, fmt, a, b);
+  text("\nquality model: %s\n", w->str[C_NOTE]);
   g_failed = 1;
 }
 
@@ -311,6 +313,10 @@ void quality_model(const opts *o, const machine *m) {
         goto out;
       }
       n_cases++;
+    }
+    if (n_cases == 0) {
+      qm_fail_row(&t, "ERROR %s: no passkey cases%s", path, "");
+      goto out;
     }
     free(txt);
     txt = NULL;
