@@ -50,11 +50,15 @@
    KVATTN_NO_OPENMP     ignore OpenMP even when compiled with -fopenmp.
    KVA_API              linkage of every function (default static inline).
 
-   Threads: calls on one cache are serialised by the caller (all of them,
-   kva_attend_cache on different sequences too: they share the cache's
-   split-K scratch); calls on different caches, and calls that take no cache,
-   may run concurrently. Inside a call the library uses OpenMP (`n_threads`,
-   0 = OpenMP's default). Results are bit-identical for any thread count.
+   Threads (docs/API.md, "Threads"): attention calls on one cache
+   (kva_attend_cache, kva_attend_batch with one plan per call, kva_seq_read)
+   may run at the same time from any threads, on different sequences or on
+   different layers of one sequence, with the same results as one after
+   another; calls that change a cache (append, store, fork, free, publish,
+   truncate, ...) are serialised by the caller. Calls on different caches,
+   and calls that take no cache, may run concurrently. Inside a call the
+   library uses OpenMP (`n_threads`, 0 = OpenMP's default). Results are
+   bit-identical for any thread count.
    No function keeps mutable state outside the structs passed to it;
    nothing prints, aborts or exits.
 
@@ -402,8 +406,11 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 #define KVA__SPLIT_MIN 1024   /* split-K: fewest keys per split */
 #define KVA__SPLIT_TARGET 8   /* split-K: work units a call aims for */
 #define KVA__MAXSPLIT 16
-#define KVA__STACK_SCRATCH 4096   /* floats: kva_attend's split-K partials on the stack */
-#define KVA__CACHE_SPLIT_ROWS 256 /* a cache's split-K partials: rows of v_dim + 1 floats */
+/* floats of split-K partials on the calling thread's stack (64.5 KiB): four
+   splits of 32 rows of 128 + 1 floats, so MQA decode with 32 heads of 128
+   still splits four ways; larger shapes split less. On the stack, not in the
+   cache, so that attention calls on one cache can run at the same time. */
+#define KVA__STACK_SCRATCH 16512
 
 /* X(a, b) for a, b in 0..3: the SIMD kernels' 4 x 4 blocks of accumulators
    are spelled out as named variables through it, so that they stay in
@@ -2121,7 +2128,6 @@ struct kva_cache {
   float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention */
   int32_t *victims;         /* [n_blocks * bs] eviction scratch */
   unsigned char *victim_flag; /* [n_blocks * bs] */
-  float *split_scratch;     /* [KVA__CACHE_SPLIT_ROWS][DV + 1]: split-K partials, so decode never allocates */
   kva__block *blk;          /* [n_blocks + 2]; sentinels: free list n_blocks, cached list n_blocks+1 */
   int32_t *blk_tokens;      /* [n_blocks][bs] token ids a published block was published under */
   int32_t *buckets;         /* [n_buckets] prefix hash table heads */
@@ -2203,7 +2209,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   kva_cache *c;
   void *allocated; /* what free_fn / KVATTN_FREE gets back */
   size_t block_bytes = 0, off, total, pos_bytes;
-  size_t o_score, o_vict, o_vflag, o_split;
+  size_t o_score, o_vict, o_vflag;
   size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_blk, o_tok, o_bkt, o_seqs, o_tables, o_data;
   size_t n_buckets = 1;
   int l, i, bs, n_blocks, max_seqs;
@@ -2261,9 +2267,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   o_score = off; off = kva__align64(off + pos_bytes);
   o_vict = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
   o_vflag = off; off = kva__align64(off + (size_t)n_blocks * (size_t)bs);
-  o_split = off;
-  off = kva__align64(off + sizeof(float) * KVA__CACHE_SPLIT_ROWS *
-                               ((size_t)(d->v_dim ? d->v_dim : d->head_dim) + 1));
   while (n_buckets < (size_t)n_blocks) n_buckets <<= 1;
   o_blk = off; off = kva__align64(off + sizeof(kva__block) * ((size_t)n_blocks + 2));
   o_tok = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
@@ -2310,7 +2313,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->block_score = (float *)(raw + o_score);
   c->victims = (int32_t *)(raw + o_vict);
   c->victim_flag = raw + o_vflag;
-  c->split_scratch = (float *)(raw + o_split);
   c->blk = (kva__block *)(raw + o_blk);
   c->blk_tokens = (int32_t *)(raw + o_tok);
   c->buckets = (int32_t *)(raw + o_bkt);
@@ -2991,8 +2993,11 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
   kva__cache_view(c, s, layer, &w);
   if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
     w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
-  kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads, c->split_scratch,
-                  (size_t)KVA__CACHE_SPLIT_ROWS * ((size_t)c->DV + 1), n_q > 1);
+  {
+    float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
+    kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads, scratch,
+                    KVA__STACK_SCRATCH, n_q > 1);
+  }
   return KVA_OK;
 }
 

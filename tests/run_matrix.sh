@@ -573,6 +573,38 @@ s_model_asan() {
         run env "${SAN_ENV[@]}" "$d/model_check" --quick "$d/kvattn_run" "$d/scratch"
 }
 
+# attention from the caller's own threads (tests/threads_check.c): results
+# equal serial ones byte for byte; under ThreadSanitizer (no OpenMP, whose
+# runtime TSan does not see); NEON under qemu (user-mode threads).
+s_threads() {
+    local d=$B/threads
+    need_header || return 1
+    mkdir -p "$d"
+    x "$CC" -std=c99 -O2 -march=native -fopenmp -pthread -Wall -Wextra -Werror -I. tests/threads_check.c \
+        -o "$d/threads_check" -lm &&
+        run "$d/threads_check"
+}
+s_threads_tsan() {
+    local d=$B/threads-tsan
+    need_header || return 1
+    mkdir -p "$d"
+    x "$CC" -std=c99 -O1 -g -march=native -fsanitize=thread -pthread -I. tests/threads_check.c \
+        -o "$d/threads_check" -lm &&
+        run env TSAN_OPTIONS=halt_on_error=1:exitcode=66 "$d/threads_check" --quick
+}
+s_threads_neon() {
+    local d=$B/threads-neon
+    need_header || return 1
+    mkdir -p "$d"
+    if [ "$HOST" = aarch64 ]; then
+        x "$CC" -std=c99 -O2 -pthread -I. tests/threads_check.c -o "$d/threads_check" -lm &&
+            run "$d/threads_check"
+    else
+        x "$AARCH64_CC" -std=c99 -O2 -static -pthread -I. tests/threads_check.c -o "$d/threads_check" -lm &&
+            run "$QEMU_AARCH64" "$d/threads_check" --quick
+    fi
+}
+
 # libFuzzer over cache operation sequences, briefly (make fuzz runs longer)
 s_fuzz() {
     local src=$1 name
@@ -753,6 +785,13 @@ for src in examples/*.c; do
 done
 step bench-smoke s_bench_smoke
 step repo-check s_repo_check
+step threads s_threads
+step threads-tsan s_threads_tsan
+if [ "$HOST" = aarch64 ] || { have "$AARCH64_CC" && have "$QEMU_AARCH64"; }; then
+    step threads-neon s_threads_neon
+else
+    skip threads-neon "install gcc-aarch64-linux-gnu qemu-user"
+fi
 if [ -f examples/kvattn_run.c ]; then
     step model s_model
     step model-asan s_model_asan
