@@ -18,9 +18,11 @@ static const char *fork_note(const machine *m, int T) {
 
 /* ---- thread scaling of decode; split-K's promise: the same bits for any thread count ---- */
 
-/* The library's split-K rule as README.md states it: a decode call has (KV head, 64-row chunk)
-   work items; with fewer than 8, each item's keys are cut into splits of at least 1,024 keys
-   (as many as make 8 units). Shown to explain the tables; the bench does not depend on it. */
+/* The library's split-K rule as docs/API.md states it: a decode call has (KV head, 64-row
+   chunk) work items; with fewer than 8, each item's keys are cut into splits of at least 1,024
+   keys (as many as make 8 units). A single call (not a batch plan) keeps the partial results,
+   rows x (v_dim + 1) floats per unit, in 16,512 floats on its stack, which caps the splits.
+   Shown to explain the tables; the bench does not depend on it. */
 static int doc_items(int H, int G, int n_q) { return G * ((n_q * (H / G) + 63) / 64); }
 static int doc_splits(int items, long n_kv) {
   long sp;
@@ -28,6 +30,13 @@ static int doc_splits(int items, long n_kv) {
   sp = (8 + items - 1) / items;
   if (sp > n_kv / 1024) sp = n_kv / 1024;
   return sp < 1 ? 1 : (int)sp;
+}
+static int doc_splits_call(const shape *s, long n_kv) {
+  int items = doc_items(s->H, s->G, 1), rows = s->H / s->G < 64 ? s->H / s->G : 64;
+  int sp = doc_splits(items, n_kv);
+  long cap = 16512L / ((long)items * rows * (s->DV + 1));
+  if (sp > 1 && sp > cap) sp = cap < 1 ? 1 : (int)cap;
+  return sp;
 }
 
 /* the thread count compared with 1: the largest of --threads, else 2 */
@@ -61,7 +70,7 @@ static void run_threads(const opts *o, const machine *m, rows *t) {
       size_t no = (size_t)s.H * s.DV;
       float *q = rand_floats((size_t)s.H * s.D, &rng), *out[2], *first[2];
       kva_cache *c = NULL;
-      int seq, items = doc_items(s.H, s.G, 1), sp = doc_splits(items, ctx), j;
+      int seq, items = doc_items(s.H, s.G, 1), sp = doc_splits_call(&s, ctx), j;
       kva_status st;
       for (j = 0; j < 2; j++) {
         out[j] = (float *)xalloc(no * sizeof(float));
@@ -154,8 +163,9 @@ static void print_threads(const rows *t, const opts *o, const machine *m) {
   snprintf(title, sizeof title,
            "Decode thread scaling: kva_attn.n_threads 1 against %d, F16 cache, block 16, n_q=1; the two timed in\n"
            "  turns%s.\n"
-           "  splits / units: split-K by README's rule (fewer than 8 (KV head, 64-row) items: the keys are cut\n"
-           "  into >= 1,024-key splits, merged by log-sum-exp); speedup = 1-thread median / %d-thread median;\n"
+           "  splits / units: split-K by docs/API.md's rule (fewer than 8 (KV head, 64-row) items: the keys are\n"
+           "  cut into >= 1,024-key splits, as many as the call's 16,512-float stack scratch holds, merged by\n"
+           "  log-sum-exp); speedup = 1-thread median / %d-thread median;\n"
            "  /BW and /FMA: the %d-thread run against the %d-thread roofs above; 1 vs thr: the outputs of 1 and\n"
            "  %d threads compared with memcmp (the library promises the same bits for any thread count), and\n"
            "  every timed call's output against the first.%s",
@@ -229,11 +239,11 @@ typedef struct {
   int n, *lens;
 } batch_case;
 
-/* per sequence, the split-K parts by README's rule: alone (kva_attend_cache) and in the batch */
+/* per sequence, the split-K parts by docs/API.md's rule: alone (kva_attend_cache) and in the batch */
 static void batch_splits(const batch_case *bc, int *alone, int *in_batch) {
   int i, items = doc_items(bc->s.H, bc->s.G, 1), total = items * bc->n;
   for (i = 0; i < bc->n; i++) {
-    alone[i] = doc_splits(items, bc->lens[i]);
+    alone[i] = doc_splits_call(&bc->s, bc->lens[i]);
     in_batch[i] = doc_splits(total, bc->lens[i]);
   }
 }
@@ -423,7 +433,7 @@ static void print_batch(const rows *t, const opts *o, const machine *m) {
            "  sequences. plan us = median of 15 kva_batch_plan + kva_batch_free (paid once per step for all\n"
            "  layers), plan/run = that over one layer's batch median; loop/batch = loop median / batch median; GB/s\n"
            "  and /BW of the batch. splits b/a = the most split-K parts of a sequence in the batch / alone (by\n"
-           "  README's rule). max|b-l| = largest output difference; batch vs loop: sequences split in neither\n"
+           "  docs/API.md's rule). max|b-l| = largest output difference; batch vs loop: sequences split in neither\n"
            "  must give the same bits; threads: every call's bits the same, and %d threads' = 1 thread's.%s",
            scaling_threads(o), BENCH_OMP ? "" : " (BUILT WITHOUT OpenMP: no scaling)", o->H, o->G, o->D,
            o->batch_seqs, o->batch_lo, o->batch_hi, (unsigned long long)o->seed, o->H, o->D, scaling_threads(o),
