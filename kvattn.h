@@ -2039,7 +2039,8 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
 typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
 
 typedef struct {
-  kva_cache_kind kind;            /* LATENT: one vector per token, V = its first v_dim values (MLA) */
+  int kind;                       /* a kva_cache_kind (an int, so that `= {0}` compiles as C++ too);
+                                     LATENT: one vector per token, V = its first v_dim values (MLA) */
   int n_layers, n_kv_heads, head_dim, v_dim; /* v_dim 0 => head_dim */
   int block_size;                 /* tokens per block; 0 => 16 */
   int n_blocks;                   /* pool size; 0 => derived from max_bytes */
@@ -2080,7 +2081,7 @@ typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_k
    the newest tokens (budget in all); H2O keeps the first n_sink positions,
    the n_recent newest and the tokens with the highest accumulated attention. */
 typedef struct {
-  kva_evict_kind kind;
+  int kind;     /* a kva_evict_kind (an int, so that `= {0}` compiles as C++ too) */
   int budget;   /* tokens held at most (after the append, unless nothing is evictable) */
   int n_sink;
   int n_recent; /* H2O only */
@@ -2291,7 +2292,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->free_fn = d->free_fn;
   c->user = d->user;
   c->alloc_bytes = total;
-  c->kind = d->kind;
+  c->kind = (kva_cache_kind)d->kind;
   c->n_layers = d->n_layers;
   c->G = d->n_kv_heads;
   c->D = d->head_dim;

@@ -24,9 +24,10 @@
 #     without a double underscore, and the fields of every public struct)
 #     must appear in docs/API.md as a word; and every kva_* / KVA_* /
 #     KVATTN_* name that docs/API.md mentions must exist in kvattn.h.
-# (c) The examples of docs/API.md run: every ```c block whose first line is
-#     #include "kvattn.h" is a whole program; each is built with $CC (cc)
-#     -std=c99 -pedantic -Wall -Wextra -Werror and must exit 0.
+# (c) The examples of docs/API.md and README.md run: every ```c block whose
+#     first line is #include "kvattn.h" is a whole program; each is built
+#     with $CC (cc) -std=c99 -pedantic -Wall -Wextra -Werror and with $CXX
+#     (c++) as C++11, and must exit 0.
 #
 # Prints every finding as FILE:LINE: what: the text, then a summary line;
 # CHECK_REPO_LIST=1 also prints every public name of kvattn.h it looks for.
@@ -219,35 +220,51 @@ else
     echo "check_repo: $DOC: ${#names[@]} public names of $HEADER checked, $missing missing; $stale unknown name(s) in $DOC"
 fi
 
-# ------------------------------------------- (c) docs/API.md's examples run
+# ------------------------------- (c) the examples of docs/API.md and README.md run
+# Each whole-program example is built as C99 with $CC and as C++11 with $CXX
+# (C++ accepts C's `= {0}` but -Wextra calls it missing initializers: C++
+# code writes `= {}`, so that one warning is off for the C++ build).
 if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
     cc=${CC:-cc}
+    cxx=${CXX:-c++}
     if ! command -v "$cc" >/dev/null 2>&1; then
         say "$DOC: cannot build its examples: no C compiler ($cc; set CC)"
+    elif ! command -v "$cxx" >/dev/null 2>&1; then
+        say "$DOC: cannot build its examples as C++: no C++ compiler ($cxx; set CXX)"
     else
         work=$(mktemp -d "${TMPDIR:-/tmp}/kvattn_check.XXXXXX") || exit 2
         trap 'rm -rf "$work"' EXIT
-        n_ex=0
-        while IFS=: read -r i start; do
-            n_ex=$((n_ex + 1))
-            src=$work/example_$i.c
-            if ! "$cc" -std=c99 -pedantic -Wall -Wextra -Werror -I. "$src" -o "$work/example_$i" -lm \
-                >"$work/log" 2>&1; then
-                say "$DOC:$start: the example starting here does not build with $cc:"
-                sed 's/^/    /' "$work/log" | head -n 20
-            elif ! (cd "$work" && timeout 60 "./example_$i") >"$work/log" 2>&1; then
-                say "$DOC:$start: the example starting here exits with a failure:"
-                sed 's/^/    /' "$work/log" | head -n 20
-            fi
-        done < <(awk -v dir="$work" '
-            /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
-            inb && /^```$/ {
-                inb = 0
-                if (keep) { n++; f = dir "/example_" n ".c"; printf "%s", buf > f; close(f); print n ":" start }
-                keep = 0; next
-            }
-            inb { if (first) { keep = ($0 == "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$DOC")
-        echo "check_repo: $DOC: $n_ex example(s) built and run with $cc"
+        for doc in "$DOC" README.md; do
+            [ -f "$doc" ] || continue
+            n_ex=0
+            rm -f "$work"/example_*
+            while IFS=: read -r i start; do
+                n_ex=$((n_ex + 1))
+                src=$work/example_$i.c
+                for lang in c c++; do
+                    if [ "$lang" = c ]; then
+                        build=("$cc" -std=c99 -pedantic -Wall -Wextra -Werror)
+                    else
+                        build=("$cxx" -x c++ -std=c++11 -pedantic -Wall -Wextra -Wno-missing-field-initializers -Werror)
+                    fi
+                    if ! "${build[@]}" -I. "$src" -o "$work/example_$i" -lm >"$work/log" 2>&1; then
+                        say "$doc:$start: the example starting here does not build as $lang (${build[0]}):"
+                        sed 's/^/    /' "$work/log" | head -n 20
+                    elif ! (cd "$work" && timeout 60 "./example_$i") >"$work/log" 2>&1; then
+                        say "$doc:$start: the example starting here exits with a failure (built as $lang):"
+                        sed 's/^/    /' "$work/log" | head -n 20
+                    fi
+                done
+            done < <(awk -v dir="$work" '
+                /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
+                inb && /^```$/ {
+                    inb = 0
+                    if (keep) { n++; f = dir "/example_" n ".c"; printf "%s", buf > f; close(f); print n ":" start }
+                    keep = 0; next
+                }
+                inb { if (first) { keep = ($0 == "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$doc")
+            echo "check_repo: $doc: $n_ex example(s) built as C ($cc) and C++ ($cxx) and run"
+        done
     fi
 fi
 

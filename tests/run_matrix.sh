@@ -447,7 +447,7 @@ s_bench_smoke() {
 # the examples in docs/API.md build and run (tests/check_repo.sh says how)
 s_repo_check() {
     need_header || return 1
-    x env CC="$CC" bash tests/check_repo.sh
+    x env CC="$CC" CXX="$CXX" bash tests/check_repo.sh
 }
 
 # ---- consumers: kvattn used from another project, as users get it: installed
