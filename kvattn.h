@@ -49,6 +49,9 @@
    KVATTN_ASSERT(x)     internal invariants only (default: nothing).
    KVATTN_NO_OPENMP     ignore OpenMP even when compiled with -fopenmp.
    KVA_API              linkage of every function (default static inline).
+   KVATTN_DECLARATIONS_ONLY  types and prototypes only; with
+   KVATTN_IMPLEMENTATION     defined in one file: that file compiles the one
+                        copy of the library (external linkage), stb-style.
 
    Threads (docs/API.md, "Threads"): attention calls on one cache
    (kva_attend_cache, kva_attend_batch with one plan per call, kva_seq_read)
@@ -73,11 +76,14 @@
 #define KVATTN_VERSION_STRING "0.1.0"
 
 /* Table of contents
-   [1] configuration         [6] RoPE
-   [2] status and types      [7] paged KV cache: block pool, sequences
-   [3] numerics              [8] cache store / attend / read
-   [4] SIMD kernels          [9] layers: GQA forward, [9b] MLA forward
-   [5] attention core        [10] stats
+   [1] configuration
+   [2] the API: types, then every public function at a glance
+       --- the implementation (left out under KVATTN_DECLARATIONS_ONLY) ---
+   [3] names and numerics    [7] paged KV cache: block pool, sequences,
+   [4] SIMD kernels              eviction, prefix caching
+   [5] attention core        [8] cache store / attend / read, batched attention
+   [6] RoPE                  [9] layers: GQA forward, [9b] MLA forward
+                             [10] stats
 */
 
 #include <stddef.h>
@@ -91,8 +97,17 @@
    [1] configuration
    ====================================================================== */
 
+/* static inline by default: any number of translation units include the
+   header, each with its own copy. One compiled copy instead (the stb way):
+   every file includes with KVATTN_DECLARATIONS_ONLY (prototypes and types),
+   one file defines KVATTN_IMPLEMENTATION before including (the definitions,
+   with external linkage). */
 #ifndef KVA_API
+#if defined(KVATTN_DECLARATIONS_ONLY) || defined(KVATTN_IMPLEMENTATION)
+#define KVA_API extern
+#else
 #define KVA_API static inline
+#endif
 #endif
 
 #if !defined(KVATTN_MALLOC) || !defined(KVATTN_FREE)
@@ -194,7 +209,7 @@ extern "C" {
 #endif
 
 /* ======================================================================
-   [2] status and types
+   [2] the API: types, then every public function at a glance
    ====================================================================== */
 
 typedef enum {
@@ -215,6 +230,200 @@ typedef enum {
   KVA_FP8_E4M3,
   KVA_FP8_E5M2
 } kva_dtype;
+
+/* Attention shape and options; zero-initialise, then set the sizes. */
+typedef struct {
+  int n_heads, n_kv_heads, head_dim; /* H, G, D; H % G == 0 (G==H: MHA, G==1: MQA) */
+  int v_dim;                         /* 0 => head_dim */
+  float scale;                       /* 0 => 1/sqrt(head_dim) */
+  int window;                        /* 0 => unlimited; key visible iff qpos - kpos < window */
+  int n_sink;                        /* positions < n_sink stay visible under a window */
+  float softcap;                     /* 0 => none; else softcap * tanh(score / softcap) */
+  int n_threads;                     /* 0 => OpenMP's default; 1 => no threading */
+} kva_attn;
+
+/* RoPE. theta 0 and inv_freq NULL => no rotation. */
+typedef struct {
+  float theta;
+  int dim;               /* rotated leading values of a head; 0 => the whole head */
+  int interleaved;       /* 0: pairs (x[i], x[i+dim/2]) (NeoX/HF); 1: (x[2i], x[2i+1]) */
+  const float *inv_freq; /* NULL => theta^(-2i/dim); else [dim/2] */
+} kva_rope;
+
+/* FP8 cache scales (kva_cache_desc.k_scale / v_scale) from sample K or V:
+   KVA_CALIB_ABSMAX   max|x| / format max (448, 57344): nothing saturates;
+   KVA_CALIB_VLLM_K   max|x| / 200 and KVA_CALIB_VLLM_V max|x| / 100 (vLLM's
+                      "calculate" rule: headroom for values larger than the sample's);
+   KVA_CALIB_MSE      (default) of vLLM's two scales and ABSMAX's times 2^(-k/8),
+                      k = 0..40, the
+                      one with the least round-trip squared error over the whole
+                      sample (43 vectorised encodes of it): trading a few
+                      saturated outliers for resolution where values are dense.
+   Non-finite values are ignored; an all-zero or empty sample gives 1. The
+   result is finite, > 0 and accepted by kva_cache_create. */
+typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_VLLM_V } kva_calib;
+
+typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
+
+typedef struct {
+  int kind;                       /* a kva_cache_kind (an int, so that `= {0}` compiles as C++ too);
+                                     LATENT: one vector per token, V = its first v_dim values (MLA) */
+  int n_layers, n_kv_heads, head_dim, v_dim; /* v_dim 0 => head_dim */
+  int block_size;                 /* tokens per block; 0 => 16 */
+  int n_blocks;                   /* pool size; 0 => derived from max_bytes */
+  size_t max_bytes;               /* KV bytes of the pool when n_blocks == 0 */
+  kva_dtype dtype;                /* storage of K (and V); DEFAULT => KVA_F16 */
+  kva_dtype v_dtype;              /* DEFAULT => same as dtype */
+  const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
+  float k_scale, v_scale;         /* FP8: required > 0 (LATENT: k_scale only); store fp8(x/scale) */
+  int max_seqs;                   /* live sequences at once; 0 => 256 */
+  int prefix_max_age;             /* 0 => none; else a published block unused for this many
+                                     kva_seq_append calls (cache-wide) is forgotten */
+  void *(*alloc_fn)(size_t size, size_t align, void *user);
+  void (*free_fn)(void *p, size_t size, void *user);
+  void *user;
+} kva_cache_desc;
+
+typedef struct {
+  int n_blocks;         /* pool size */
+  int blocks_used;      /* referenced by a live sequence */
+  int blocks_cached;    /* published, referenced by none */
+  int blocks_free;      /* neither; used + cached + free == n_blocks */
+  int n_seqs;           /* live sequences */
+  size_t block_bytes;   /* one block, all layers, K+V+scales */
+  size_t bytes_total;   /* the whole pool */
+  size_t bytes_meta;    /* bookkeeping: tables, positions, sequence records */
+  long tokens_held;     /* sum of kva_seq_len over live sequences */
+  long prefix_queries, prefix_hits; /* tokens asked for / tokens reused by kva_seq_new_prefix */
+  /* occupancy and event counters: */
+  long token_slots;     /* token slots in the used blocks (blocks_used * block_size): */
+                        /* tokens_held / token_slots is the occupancy (shared blocks count once) */
+  long cow_copies;      /* blocks copied because an append wrote into a shared block */
+  long appends_failed;  /* kva_seq_append calls that returned KVA_ERR_FULL */
+  long prefix_forgotten;/* published blocks dropped by prefix_max_age or recycled for space */
+} kva_cache_stats;
+
+typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
+/* Eviction policy of a sequence. WINDOW keeps the first n_sink positions and
+   the newest tokens (budget in all); H2O keeps the first n_sink positions,
+   the n_recent newest and the tokens with the highest accumulated attention. */
+typedef struct {
+  int kind;     /* a kva_evict_kind (an int, so that `= {0}` compiles as C++ too) */
+  int budget;   /* tokens held at most (after the append, unless nothing is evictable) */
+  int n_sink;
+  int n_recent; /* H2O only */
+} kva_evict;
+
+typedef struct kva_cache kva_cache; /* opaque: its members are not part of the API */
+typedef struct kva_batch kva_batch; /* a batched-attention plan (kva_batch_plan) */
+
+typedef enum { KVA_FITS_NOW = 0, KVA_FITS_LATER, KVA_FITS_NEVER } kva_fit;
+
+typedef struct {
+  int d_model;
+  kva_attn attn;                                     /* n_heads, n_kv_heads, head_dim, window, ...; v_dim 0 */
+  const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* [H*D][d], [G*D][d], [G*D][d], [d][H*D]; biases may be NULL */
+  kva_rope rope;
+} kva_gqa_layer;
+
+typedef struct {
+  int d_model, n_heads, d_latent, d_nope, d_rope, d_v;
+  float scale;                       /* 0 => 1/sqrt(d_nope + d_rope) */
+  const float *wq, *bq;              /* [H*(d_nope+d_rope)][d]: per head nope then rope */
+  int q_lora_rank;                   /* 0 => wq; else q = wq_b . RMSNorm(wq_a . x) (V2/V3) */
+  const float *wq_a, *q_norm, *wq_b; /* [r][d], [r] gain (NULL: 1), [H*(d_nope+d_rope)][r] */
+  const float *w_dkv, *b_dkv;        /* [d_latent][d] -> c_kv */
+  const float *kv_norm;              /* NULL: no norm; else c / sqrt(mean(c^2) + eps) * gain */
+  float norm_eps;                    /* 0 => 1e-6 */
+  const float *w_kr, *b_kr;          /* [d_rope][d] -> shared rope key; d_rope 0: none */
+  const float *w_uk, *b_uk;          /* [H*d_nope][d_latent] */
+  const float *w_uv, *b_uv;          /* [H*d_v][d_latent] */
+  const float *wo, *bo;              /* [d][H*d_v] */
+  kva_rope rope;                     /* on q's rope part and k_pe */
+  int naive;                         /* 1: rebuild K, V per step; 0: absorbed */
+  int n_threads;                     /* 0 => OpenMP's default */
+} kva_mla_layer;
+
+/* ---- API at a glance: every public function (docs/API.md has the details) ---- */
+
+/* names of statuses, storage types and the compiled kernels */
+KVA_API const char *kva_status_str(kva_status s);
+KVA_API const char *kva_simd_name(void);
+KVA_API const char *kva_dtype_name(kva_dtype t);
+
+/* numerics: F16, BF16 and FP8 conversions; FP8 scale calibration */
+KVA_API float kva_f16_to_f32(uint16_t h);
+KVA_API uint16_t kva_f32_to_f16(float f);
+KVA_API float kva_bf16_to_f32(uint16_t h);
+KVA_API uint16_t kva_f32_to_bf16(float f);
+KVA_API float kva_e4m3_to_f32(uint8_t b);
+KVA_API uint8_t kva_f32_to_e4m3(float x);
+KVA_API float kva_e5m2_to_f32(uint8_t b);
+KVA_API uint8_t kva_f32_to_e5m2(float x);
+KVA_API void kva_f32_to_e4m3_n(uint8_t *dst, const float *src, size_t n);
+KVA_API void kva_f32_to_e5m2_n(uint8_t *dst, const float *src, size_t n);
+KVA_API void kva_e4m3_to_f32_n(float *dst, const uint8_t *src, size_t n);
+KVA_API void kva_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n);
+KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale);
+
+/* attention on plain arrays; merging partial results */
+KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const int32_t *q_pos, const float *k,
+                              const float *v, int n_kv, const int32_t *kv_pos, float *out, float *lse);
+KVA_API kva_status kva_merge_lse(float *out, float *lse, const float *out_b, const float *lse_b, int n_rows, int dv);
+
+/* RoPE */
+KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int n_heads, int head_dim,
+                                  const int32_t *pos);
+
+/* the cache */
+KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d);
+KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out);
+KVA_API void kva_cache_destroy(kva_cache *c);
+KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st);
+
+/* sequences */
+KVA_API kva_status kva_seq_new(kva_cache *c, int *seq);
+KVA_API kva_status kva_seq_free(kva_cache *c, int seq);
+KVA_API int kva_seq_len(const kva_cache *c, int seq);
+KVA_API int kva_seq_pos(const kva_cache *c, int seq);
+KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens);
+KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blocks_needed);
+KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst);
+KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep);
+KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e);
+
+/* prefix caching */
+KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens, int n_tokens, uint64_t salt);
+KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n_tokens, uint64_t salt, int *seq,
+                                      int *n_reused);
+KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
+
+/* store, attend and read a sequence */
+KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens);
+KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
+                                    float *out);
+KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
+                                int32_t *pos);
+
+/* batched attention over many sequences */
+KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
+                                  kva_batch **plan);
+KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const float *q, float *out);
+KVA_API void kva_batch_free(kva_batch *b);
+
+/* layers */
+KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq, int layer, const float *x,
+                                   int n_tokens, float *y);
+KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq, int layer, const float *x,
+                                   int n_tokens, float *y);
+
+/* Everything below is the implementation. KVATTN_DECLARATIONS_ONLY leaves
+   it out (unless KVATTN_IMPLEMENTATION is defined too). */
+#if !defined(KVATTN_DECLARATIONS_ONLY) || defined(KVATTN_IMPLEMENTATION)
+
+/* ======================================================================
+   [3] names and numerics: f16 and bf16 (IEEE, round to nearest even), FP8
+   ====================================================================== */
 
 KVA_API const char *kva_status_str(kva_status s) {
   switch (s) {
@@ -253,28 +462,6 @@ KVA_API const char *kva_dtype_name(kva_dtype t) {
   return "?";
 }
 
-/* Attention shape and options; zero-initialise, then set the sizes. */
-typedef struct {
-  int n_heads, n_kv_heads, head_dim; /* H, G, D; H % G == 0 (G==H: MHA, G==1: MQA) */
-  int v_dim;                         /* 0 => head_dim */
-  float scale;                       /* 0 => 1/sqrt(head_dim) */
-  int window;                        /* 0 => unlimited; key visible iff qpos - kpos < window */
-  int n_sink;                        /* positions < n_sink stay visible under a window */
-  float softcap;                     /* 0 => none; else softcap * tanh(score / softcap) */
-  int n_threads;                     /* 0 => OpenMP's default; 1 => no threading */
-} kva_attn;
-
-/* RoPE. theta 0 and inv_freq NULL => no rotation. */
-typedef struct {
-  float theta;
-  int dim;               /* rotated leading values of a head; 0 => the whole head */
-  int interleaved;       /* 0: pairs (x[i], x[i+dim/2]) (NeoX/HF); 1: (x[2i], x[2i+1]) */
-  const float *inv_freq; /* NULL => theta^(-2i/dim); else [dim/2] */
-} kva_rope;
-
-/* ======================================================================
-   [3] numerics: f16 and bf16 (IEEE, round to nearest even)
-   ====================================================================== */
 
 static inline uint32_t kva__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static inline float kva__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
@@ -1383,18 +1570,6 @@ KVA_API void kva_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n) {
   for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(src[i]);
 }
 
-/* FP8 cache scales (kva_cache_desc.k_scale / v_scale) from sample K or V:
-   KVA_CALIB_ABSMAX   max|x| / format max (448, 57344): nothing saturates;
-   KVA_CALIB_VLLM_K   max|x| / 200 and KVA_CALIB_VLLM_V max|x| / 100 (vLLM's
-                      "calculate" rule: headroom for values larger than the sample's);
-   KVA_CALIB_MSE      (default) of vLLM's two scales and ABSMAX's times 2^(-k/8),
-                      k = 0..40, the
-                      one with the least round-trip squared error over the whole
-                      sample (43 vectorised encodes of it): trading a few
-                      saturated outliers for resolution where values are dense.
-   Non-finite values are ignored; an all-zero or empty sample gives 1. The
-   result is finite, > 0 and accepted by kva_cache_create. */
-typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_VLLM_V } kva_calib;
 
 /* Round-trip squared error of the finite values of x under `scale`, the
    store path's vector encoder doing the encoding. */
@@ -2026,7 +2201,7 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
 }
 
 /* ======================================================================
-   [7] paged KV cache: block pool and sequences
+   [7] paged KV cache: block pool, sequences, eviction, prefix caching
    One pool per layer, indexed by block id; inside a layer's block:
      K [kv_head][slot][head_dim] | V [kv_head][slot][v_dim]
    (LATENT: only K; V is the first v_dim values of each K row).
@@ -2036,56 +2211,6 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
    addresses every layer. Everything is allocated once, at create.
    ====================================================================== */
 
-typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
-
-typedef struct {
-  int kind;                       /* a kva_cache_kind (an int, so that `= {0}` compiles as C++ too);
-                                     LATENT: one vector per token, V = its first v_dim values (MLA) */
-  int n_layers, n_kv_heads, head_dim, v_dim; /* v_dim 0 => head_dim */
-  int block_size;                 /* tokens per block; 0 => 16 */
-  int n_blocks;                   /* pool size; 0 => derived from max_bytes */
-  size_t max_bytes;               /* KV bytes of the pool when n_blocks == 0 */
-  kva_dtype dtype;                /* storage of K (and V); DEFAULT => KVA_F16 */
-  kva_dtype v_dtype;              /* DEFAULT => same as dtype */
-  const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
-  float k_scale, v_scale;         /* FP8: required > 0 (LATENT: k_scale only); store fp8(x/scale) */
-  int max_seqs;                   /* live sequences at once; 0 => 256 */
-  int prefix_max_age;             /* 0 => none; else a published block unused for this many
-                                     kva_seq_append calls (cache-wide) is forgotten */
-  void *(*alloc_fn)(size_t size, size_t align, void *user);
-  void (*free_fn)(void *p, size_t size, void *user);
-  void *user;
-} kva_cache_desc;
-
-typedef struct {
-  int n_blocks;         /* pool size */
-  int blocks_used;      /* referenced by a live sequence */
-  int blocks_cached;    /* published, referenced by none */
-  int blocks_free;      /* neither; used + cached + free == n_blocks */
-  int n_seqs;           /* live sequences */
-  size_t block_bytes;   /* one block, all layers, K+V+scales */
-  size_t bytes_total;   /* the whole pool */
-  size_t bytes_meta;    /* bookkeeping: tables, positions, sequence records */
-  long tokens_held;     /* sum of kva_seq_len over live sequences */
-  long prefix_queries, prefix_hits; /* tokens asked for / tokens reused by kva_seq_new_prefix */
-  /* occupancy and event counters: */
-  long token_slots;     /* token slots in the used blocks (blocks_used * block_size): */
-                        /* tokens_held / token_slots is the occupancy (shared blocks count once) */
-  long cow_copies;      /* blocks copied because an append wrote into a shared block */
-  long appends_failed;  /* kva_seq_append calls that returned KVA_ERR_FULL */
-  long prefix_forgotten;/* published blocks dropped by prefix_max_age or recycled for space */
-} kva_cache_stats;
-
-typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
-/* Eviction policy of a sequence. WINDOW keeps the first n_sink positions and
-   the newest tokens (budget in all); H2O keeps the first n_sink positions,
-   the n_recent newest and the tokens with the highest accumulated attention. */
-typedef struct {
-  int kind;     /* a kva_evict_kind (an int, so that `= {0}` compiles as C++ too) */
-  int budget;   /* tokens held at most (after the append, unless nothing is evictable) */
-  int n_sink;
-  int n_recent; /* H2O only */
-} kva_evict;
 
 typedef struct {
   int gen;          /* the id is gen * max_seqs + index; bumped on free */
@@ -2099,8 +2224,6 @@ typedef struct {
   int32_t *table;   /* [max_table] block ids */
 } kva__seq;
 
-typedef struct kva_cache kva_cache; /* opaque: its members are not part of the API */
-typedef struct kva_batch kva_batch; /* a batched-attention plan (kva_batch_plan) */
 
 /* Per block bookkeeping. A block is in at most one list: the free list
    (ref 0, not published) or the cached list (ref 0, published; LRU order). */
@@ -2819,7 +2942,6 @@ KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
   return KVA_OK;
 }
 
-typedef enum { KVA_FITS_NOW = 0, KVA_FITS_LATER, KVA_FITS_NEVER } kva_fit;
 
 /* Would an append of n_tokens succeed now, once other sequences release
    their blocks, or never in this pool; *blocks_needed = blocks it takes. */
@@ -2927,7 +3049,7 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
 }
 
 /* ======================================================================
-   [8] cache store / attend / read
+   [8] cache store / attend / read, batched attention
    ====================================================================== */
 
 /* Write K (and V) of the newest n_tokens slots of `layer`.
@@ -3227,12 +3349,6 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
    [9] layers: GQA forward (MHA: G == H, MQA: G == 1)
    ====================================================================== */
 
-typedef struct {
-  int d_model;
-  kva_attn attn;                                     /* n_heads, n_kv_heads, head_dim, window, ...; v_dim 0 */
-  const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* [H*D][d], [G*D][d], [G*D][d], [d][H*D]; biases may be NULL */
-  kva_rope rope;
-} kva_gqa_layer;
 
 /* y [n][n_out] = x [n][n_in] . W^T (+ b); W is [n_out][n_in] (nn.Linear). */
 static inline void kva__linear(const float *x, int n, int n_in, const float *w, const float *b, int n_out, float *y,
@@ -3305,23 +3421,6 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
    a k_rope computed but never used): no position information at all.
    ====================================================================== */
 
-typedef struct {
-  int d_model, n_heads, d_latent, d_nope, d_rope, d_v;
-  float scale;                       /* 0 => 1/sqrt(d_nope + d_rope) */
-  const float *wq, *bq;              /* [H*(d_nope+d_rope)][d]: per head nope then rope */
-  int q_lora_rank;                   /* 0 => wq; else q = wq_b . RMSNorm(wq_a . x) (V2/V3) */
-  const float *wq_a, *q_norm, *wq_b; /* [r][d], [r] gain (NULL: 1), [H*(d_nope+d_rope)][r] */
-  const float *w_dkv, *b_dkv;        /* [d_latent][d] -> c_kv */
-  const float *kv_norm;              /* NULL: no norm; else c / sqrt(mean(c^2) + eps) * gain */
-  float norm_eps;                    /* 0 => 1e-6 */
-  const float *w_kr, *b_kr;          /* [d_rope][d] -> shared rope key; d_rope 0: none */
-  const float *w_uk, *b_uk;          /* [H*d_nope][d_latent] */
-  const float *w_uv, *b_uv;          /* [H*d_v][d_latent] */
-  const float *wo, *bo;              /* [d][H*d_v] */
-  kva_rope rope;                     /* on q's rope part and k_pe */
-  int naive;                         /* 1: rebuild K, V per step; 0: absorbed */
-  int n_threads;                     /* 0 => OpenMP's default */
-} kva_mla_layer;
 
 /* x [n][dim] <- x / sqrt(mean(x^2) + eps) * gain (gain NULL: 1) */
 static inline void kva__rmsnorm(float *x, int n, int dim, const float *gain, float eps) {
@@ -3518,6 +3617,8 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
     if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
 }
 
+
+#endif /* implementation */
 
 #ifdef __cplusplus
 }

@@ -393,6 +393,37 @@ s_two_tu() {
         run env OMP_NUM_THREADS=2 "$d/two_tu_O2"
 }
 
+# one compiled copy (stb-style): two_tu_a.c and two_tu_b.c with
+# KVATTN_DECLARATIONS_ONLY define no kva_* function; tests/one_copy_impl.c
+# (KVATTN_IMPLEMENTATION) defines every public one; linked, the program runs.
+# As C and as C++ (extern "C": the same symbols).
+s_one_copy() {
+    local d=$B/one-copy lang n_api n
+    need_header || return 1
+    mkdir -p "$d"
+    # the prototypes of the header's "API at a glance" block
+    n_api=$(awk '/API at a glance/ { on = 1 } /^#if !defined\(KVATTN_DECLARATIONS_ONLY\)/ { on = 0 }
+                 on && /^KVA_API / { n++ } END { print n + 0 }' kvattn.h)
+    for lang in c c++; do
+        local cc=("$CC" -std=c99)
+        [ "$lang" = c++ ] && cc=("$CXX" -x c++ -std=c++11)
+        x "${cc[@]}" -O2 -Wall -Wextra -Werror -pedantic -DKVATTN_DECLARATIONS_ONLY "${INC[@]}" -c tests/two_tu_a.c \
+            -o "$d/a_$lang.o" &&
+            x "${cc[@]}" -O2 -Wall -Wextra -Werror -pedantic -DKVATTN_DECLARATIONS_ONLY "${INC[@]}" -c tests/two_tu_b.c \
+                -o "$d/b_$lang.o" &&
+            x "${cc[@]}" -O2 -march=native -Wall -Wextra -Werror -pedantic "${INC[@]}" -c tests/one_copy_impl.c \
+                -o "$d/impl_$lang.o" &&
+            x "$CXX" "$d/a_$lang.o" "$d/b_$lang.o" "$d/impl_$lang.o" -o "$d/one_copy_$lang" -lm || return 1
+        n=$(nm "$d/a_$lang.o" "$d/b_$lang.o" | grep -c ' T kva_')
+        echo "declarations-only objects ($lang): $n kva_* definitions (want 0)"
+        [ "$n" -eq 0 ] || return 1
+        n=$(nm "$d/impl_$lang.o" | grep -c ' T kva_')
+        echo "implementation object ($lang): $n kva_* definitions (want $n_api, the prototypes of kvattn.h)"
+        [ "$n" -eq "$n_api" ] || return 1
+        run "$d/one_copy_$lang" || return 1
+    done
+}
+
 s_neon() {
     if [ "$HOST" = aarch64 ]; then   # native aarch64 host: no emulator needed
         build_tests neon "$CC" -std=c99 -O2 && run "$B/neon/kvattn_test"
@@ -756,6 +787,7 @@ fi
 step no-openmp s_no_openmp
 step simd-select s_simd_select
 step two-tu s_two_tu
+step one-copy s_one_copy
 if have cmake; then
     step consumer-cmake-installed s_consumer_cmake_installed
     step consumer-cmake-subdir s_consumer_cmake_subdir
