@@ -218,7 +218,8 @@ typedef enum {
   KVA_ERR_NOMEM,       /* host allocation failed */
   KVA_ERR_FULL,        /* block pool exhausted: nothing was changed */
   KVA_ERR_SEQ,         /* unknown or freed sequence id */
-  KVA_ERR_UNSUPPORTED  /* valid but unsupported combination */
+  KVA_ERR_UNSUPPORTED, /* valid but unsupported combination */
+  KVA_ERR_SEQ_LIMIT    /* max_seqs sequences are live: free one (no block is involved) */
 } kva_status;
 
 typedef enum {
@@ -433,6 +434,7 @@ KVA_API const char *kva_status_str(kva_status s) {
     case KVA_ERR_FULL: return "block pool exhausted";
     case KVA_ERR_SEQ: return "unknown or freed sequence";
     case KVA_ERR_UNSUPPORTED: return "unsupported combination";
+    case KVA_ERR_SEQ_LIMIT: return "sequence limit reached (max_seqs live)";
   }
   return "unknown status";
 }
@@ -2697,7 +2699,7 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
 
 KVA_API kva_status kva_seq_new(kva_cache *c, int *seq) {
   if (!c || !seq) return KVA_ERR_ARG;
-  return kva__seq_alloc(c, seq) ? KVA_OK : KVA_ERR_FULL;
+  return kva__seq_alloc(c, seq) ? KVA_OK : KVA_ERR_SEQ_LIMIT;
 }
 
 KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
@@ -2912,7 +2914,7 @@ KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   s = kva__seq_get(c, src);
   if (!s) return KVA_ERR_SEQ;
   d = kva__seq_alloc(c, &id);
-  if (!d) return KVA_ERR_FULL;
+  if (!d) return KVA_ERR_SEQ_LIMIT;
   gen = d->gen;
   table = d->table;
   *d = *s;
@@ -3020,7 +3022,7 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
   uint64_t parent_gen = 0;
   if (!c || !seq || !n_reused || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
   s = kva__seq_alloc(c, &id);
-  if (!s) return KVA_ERR_FULL;
+  if (!s) return KVA_ERR_SEQ_LIMIT;
   max_blocks = n_tokens > 0 ? (n_tokens - 1) / c->bs : 0;
   for (i = 0; i < max_blocks; i++) {
     int32_t b = kva__prefix_find(c, parent, parent_gen, salt, tokens + (size_t)i * (size_t)c->bs);

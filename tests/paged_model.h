@@ -467,7 +467,8 @@ static inline void pm_op_new(pm_model *m) {
   st = kva_seq_new(m->c, &id);
   if (m->n_live == m->max_seqs) {
     pm_stats(m, &a);
-    PM_CHECK(st != KVA_OK, "kva_seq_new succeeded with max_seqs %d live", m->max_seqs);
+    PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_new with max_seqs %d live: %s, want KVA_ERR_SEQ_LIMIT", m->max_seqs,
+             kva_status_str(st));
     PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_new changed the stats");
     return;
   }
@@ -651,7 +652,7 @@ static inline void pm_op_fork(pm_model *m) {
   st = kva_seq_fork(m->c, q->id, &id);
   pm_stats(m, &a);
   if (m->n_live == m->max_seqs) {
-    PM_CHECK(st != KVA_OK, "kva_seq_fork succeeded with max_seqs live");
+    PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_fork with max_seqs live: %s, want KVA_ERR_SEQ_LIMIT", kva_status_str(st));
     PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_fork changed the stats");
     return;
   }
@@ -718,7 +719,8 @@ static inline pm_seq *pm_do_new_prefix(pm_model *m, const int32_t *tok, int n, u
   st = kva_seq_new_prefix(m->c, tok, n, salt, &id, &reused);
   pm_stats(m, &a);
   if (m->n_live == m->max_seqs) {
-    PM_CHECK(st != KVA_OK, "kva_seq_new_prefix succeeded with max_seqs live");
+    PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_new_prefix with max_seqs live: %s, want KVA_ERR_SEQ_LIMIT",
+             kva_status_str(st));
     PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_new_prefix changed the stats");
     return NULL;
   }

@@ -270,9 +270,9 @@ static void pg_bad_input(void) {
   KT_STATUS(kva_seq_new(c, &i), KVA_OK); /* a, id, j, i = 4 */
   pg_stats(c, &s0);
   id = reused = -7;
-  KT_CHECK(kva_seq_new(c, &id) != KVA_OK && id == -7, "5th kva_seq_new with max_seqs 4");
-  KT_CHECK(kva_seq_fork(c, a, &id) != KVA_OK && id == -7, "fork with max_seqs live");
-  KT_CHECK(kva_seq_new_prefix(c, tok, 8, 0, &id, &reused) != KVA_OK && id == -7 && reused == -7,
+  KT_CHECK(kva_seq_new(c, &id) == KVA_ERR_SEQ_LIMIT && id == -7, "5th kva_seq_new with max_seqs 4");
+  KT_CHECK(kva_seq_fork(c, a, &id) == KVA_ERR_SEQ_LIMIT && id == -7, "fork with max_seqs live");
+  KT_CHECK(kva_seq_new_prefix(c, tok, 8, 0, &id, &reused) == KVA_ERR_SEQ_LIMIT && id == -7 && reused == -7,
            "new_prefix with max_seqs live");
   pg_stats(c, &s1);
   KT_CHECK(pg_stats_same(&s0, &s1), "failed creations changed the stats (prefix_queries %ld -> %ld)",
