@@ -325,6 +325,8 @@ typedef struct {
   kva_attn attn;                                     /* n_heads, n_kv_heads, head_dim, window, ...; v_dim 0 */
   const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* [H*D][d], [G*D][d], [G*D][d], [d][H*D]; biases may be NULL */
   kva_rope rope;
+  void *workspace;        /* NULL, or caller memory for the call's temporaries (float-aligned): */
+  size_t workspace_bytes; /* when >= kva_gqa_workspace_bytes(), the call allocates nothing */
 } kva_gqa_layer;
 
 typedef struct {
@@ -343,6 +345,8 @@ typedef struct {
   kva_rope rope;                     /* on q's rope part and k_pe */
   int naive;                         /* 1: rebuild K, V per step; 0: absorbed */
   int n_threads;                     /* 0 => OpenMP's default */
+  void *workspace;                   /* NULL, or caller memory for the call's temporaries (float-aligned): */
+  size_t workspace_bytes;            /* when >= kva_mla_workspace_bytes(), the call allocates nothing */
 } kva_mla_layer;
 
 /* ---- API at a glance: every public function (docs/API.md has the details) ---- */
@@ -413,6 +417,8 @@ KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const
 KVA_API void kva_batch_free(kva_batch *b);
 
 /* layers */
+KVA_API size_t kva_gqa_workspace_bytes(const kva_gqa_layer *L, int n_tokens);
+KVA_API size_t kva_mla_workspace_bytes(const kva_mla_layer *L, int n_tokens, int seq_len);
 KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq, int layer, const float *x,
                                    int n_tokens, float *y);
 KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq, int layer, const float *x,
@@ -3369,16 +3375,42 @@ static inline void kva__linear(const float *x, int n, int n_in, const float *w, 
 
 /* Project, RoPE at the absolute positions, store, attend causally over the
    cache, project out. Call kva_seq_append(c, seq, n_tokens) first. */
+/* Temporaries of a layer forward: the caller's workspace when it is large
+   enough, else the cache's allocator (alloc_fn, or KVATTN_MALLOC), so an
+   engine that gives either sees every byte the call uses. */
+static inline void *kva__tmp_take(kva_cache *c, void *ws, size_t ws_bytes, size_t bytes, int *owned) {
+  *owned = !(ws && ws_bytes >= bytes);
+  if (!*owned) return ws;
+  return c->alloc_fn ? c->alloc_fn(bytes, 64, c->user) : KVATTN_MALLOC(bytes);
+}
+
+static inline void kva__tmp_give(kva_cache *c, void *p, size_t bytes, int owned) {
+  if (!owned || !p) return;
+  if (c->free_fn) c->free_fn(p, bytes, c->user);
+  else KVATTN_FREE(p);
+}
+
+/* q, k, v, the attention output and the positions of n_tokens tokens */
+KVA_API size_t kva_gqa_workspace_bytes(const kva_gqa_layer *L, int n_tokens) {
+  size_t n, hd, gd;
+  if (!L || n_tokens < 0 || L->attn.n_heads <= 0 || L->attn.n_kv_heads <= 0 || L->attn.head_dim <= 0) return 0;
+  n = (size_t)n_tokens;
+  hd = (size_t)L->attn.n_heads * (size_t)L->attn.head_dim;
+  gd = (size_t)L->attn.n_kv_heads * (size_t)L->attn.head_dim;
+  return (2 * n * hd + 2 * n * gd) * sizeof(float) + n * sizeof(int32_t);
+}
+
 KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq, int layer, const float *x,
                                    int n_tokens, float *y) {
   kva__attn_params P;
   kva__seq *s;
   float *q, *k, *v, *att;
   int32_t *pos;
-  int t, dim = 0, nt;
-  size_t nq, nkv;
+  int t, dim = 0, nt, owned;
+  size_t nq, nkv, bytes;
   kva_status st;
   if (!L || !c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || L->d_model <= 0) return KVA_ERR_ARG;
+  if (((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0) return KVA_ERR_ARG;
   if (kva__attn_resolve(&L->attn, &P) != KVA_OK || L->attn.v_dim != 0) return KVA_ERR_ARG;
   if (P.G != c->G || P.D != c->D || P.DV != c->DV || c->kind != KVA_CACHE_KV) return KVA_ERR_ARG;
   if (kva__rope_check(&L->rope, P.D, &dim) != KVA_OK) return KVA_ERR_ARG;
@@ -3390,7 +3422,8 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
 
   nq = (size_t)n_tokens * (size_t)P.H * (size_t)P.D;
   nkv = (size_t)n_tokens * (size_t)P.G * (size_t)P.D;
-  q = (float *)KVATTN_MALLOC((2 * nq + 2 * nkv) * sizeof(float) + (size_t)n_tokens * sizeof(int32_t));
+  bytes = kva_gqa_workspace_bytes(L, n_tokens);
+  q = (float *)kva__tmp_take(c, L->workspace, L->workspace_bytes, bytes, &owned);
   if (!q) return KVA_ERR_NOMEM;
   k = q + nq;
   v = k + nkv;
@@ -3406,7 +3439,7 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   st = kva_store(c, seq, layer, k, v, n_tokens);
   if (st == KVA_OK) st = kva_attend_cache(c, seq, layer, &L->attn, q, n_tokens, att);
   if (st == KVA_OK) kva__linear(att, n_tokens, P.H * P.D, L->wo, L->bo, L->d_model, y, nt);
-  KVATTN_FREE(q);
+  kva__tmp_give(c, q, bytes, owned);
   return st;
 }
 
@@ -3456,15 +3489,41 @@ static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache 
   return KVA_OK;
 }
 
+/* Floats of kva_mla_forward's temporaries for n new tokens of a sequence
+   holding len (the naive path rebuilds every head's K and V over len). */
+static inline size_t kva__mla_floats(const kva_mla_layer *L, size_t n, size_t len) {
+  size_t H = (size_t)L->n_heads, dl = (size_t)L->d_latent, dr = (size_t)L->d_rope, dv = (size_t)L->d_v;
+  size_t dq = (size_t)L->d_nope + dr;         /* per-head query width */
+  size_t dk = L->naive ? dq : dl + dr;        /* per-head attention key width */
+  size_t need = n * H * dq                    /* q */
+              + n * (dl + dr)                 /* latent rows to store */
+              + n * (size_t)L->q_lora_rank    /* q compression */
+              + n * H * dk                    /* attention queries */
+              + n * H * (L->naive ? dv : dl)  /* attention output */
+              + n * H * dv;                   /* per-head values */
+  if (L->naive) need += len * H * (dq + dv) + (dl + dr) + n * H;
+  return need;
+}
+
+/* the floats above, then positions of the new tokens and (naive) of the keys */
+KVA_API size_t kva_mla_workspace_bytes(const kva_mla_layer *L, int n_tokens, int seq_len) {
+  if (!L || n_tokens < 0 || seq_len < 0 || L->n_heads <= 0 || L->d_latent <= 0 || L->d_nope <= 0 || L->d_rope < 0 ||
+      L->d_v <= 0 || L->q_lora_rank < 0)
+    return 0;
+  return kva__mla_floats(L, (size_t)n_tokens, (size_t)seq_len) * sizeof(float) +
+         ((size_t)n_tokens + (size_t)seq_len + 1) * sizeof(int32_t);
+}
+
 KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq, int layer, const float *x,
                                    int n_tokens, float *y) {
   kva__seq *s;
-  int H, dl, dn, dr, dv, dq, dk, nt, t, h, i, j, len;
+  int H, dl, dn, dr, dv, dq, dk, nt, t, h, i, j, len, owned;
   float scale, *buf, *q, *lat, *qa = NULL, *qk, *ov, *o;
   int32_t *pos;
-  size_t n, need;
+  size_t n, bytes;
   kva_status st;
   if (kva__mla_check(L, c, layer) != KVA_OK || n_tokens < 0) return KVA_ERR_ARG;
+  if (((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0) return KVA_ERR_ARG;
   if (n_tokens > 0 && (!x || !y)) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
@@ -3478,14 +3537,8 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   len = s->len;
   scale = L->scale != 0.0f ? L->scale : (float)(1.0 / sqrt((double)dq));
   n = (size_t)n_tokens;
-  need = n * (size_t)H * (size_t)dq            /* q */
-       + n * (size_t)(dl + dr)                 /* latent rows to store */
-       + n * (size_t)L->q_lora_rank            /* q compression */
-       + n * (size_t)H * (size_t)dk            /* attention queries */
-       + n * (size_t)H * (size_t)(L->naive ? dv : dl) /* attention output */
-       + n * (size_t)H * (size_t)dv;           /* per-head values */
-  if (L->naive) need += (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)(dl + dr) + n * (size_t)H;
-  buf = (float *)KVATTN_MALLOC(need * sizeof(float) + (n + (size_t)len + 1) * sizeof(int32_t));
+  bytes = kva_mla_workspace_bytes(L, n_tokens, len);
+  buf = (float *)kva__tmp_take(c, L->workspace, L->workspace_bytes, bytes, &owned);
   if (!buf) return KVA_ERR_NOMEM;
   q = buf;
   lat = q + n * (size_t)H * (size_t)dq;
@@ -3524,7 +3577,10 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
     }
   }
   st = kva_store(c, seq, layer, lat, NULL, n_tokens);
-  if (st != KVA_OK) { KVATTN_FREE(buf); return st; }
+  if (st != KVA_OK) {
+    kva__tmp_give(c, buf, bytes, owned);
+    return st;
+  }
 
   if (!L->naive) {
     kva_attn a;
@@ -3588,7 +3644,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
       }
   }
   if (st == KVA_OK) kva__linear(o, n_tokens, H * dv, L->wo, L->bo, L->d_model, y, nt);
-  KVATTN_FREE(buf);
+  kva__tmp_give(c, buf, bytes, owned);
   return st;
 }
 

@@ -403,8 +403,125 @@ static void test_gqa_bad(void) {
   glayer_free(&g);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Temporaries: with a workspace of kva_gqa_workspace_bytes the forward takes
+   no memory at all; without one (or too small) every byte comes from the
+   cache's alloc_fn and goes back; outputs are the same bits either way.     */
+
+typedef struct {
+  long takes, gives, live_bytes;
+} ws_count;
+
+static void *ws_alloc(size_t size, size_t align, void *user) {
+  ws_count *w = (ws_count *)user;
+  void *p;
+  w->takes++;
+  w->live_bytes += (long)size;
+  /* the cache's one block wants 64-byte alignment; forwards ask for 64 too */
+  p = KT_ALLOC(unsigned char, size + align + sizeof(void *));
+  if (!p) return NULL;
+  {
+    unsigned char *raw = (unsigned char *)p, *al = raw + sizeof(void *);
+    al += (align - (uintptr_t)al % align) % align;
+    ((void **)al)[-1] = raw; /* al - raw >= sizeof(void *): room for the pointer */
+    return al;
+  }
+}
+
+static void ws_free(void *p, size_t size, void *user) {
+  ws_count *w = (ws_count *)user;
+  w->gives++;
+  w->live_bytes -= (long)size;
+  free(((void **)p)[-1]);
+}
+
+static void test_gqa_workspace(void) {
+  kt_rng r;
+  glayer g;
+  kva_cache_desc cd;
+  kva_cache *c[3] = {NULL, NULL, NULL};
+  ws_count cnt[3];
+  int seq[3], d = 24, H = 6, G = 2, D = 12, i, step, n;
+  size_t need1, need5;
+  float x[5 * 24], y[3][5 * 24];
+  unsigned char *ws;
+  kt_begin("gqa: workspace and allocations through alloc_fn");
+  kt_seed(&r, 0x5eed);
+  glayer_init(&r, &g, d, H, G, D, 1, 0, 0, 0, 0.0f, 0.0f);
+  need1 = kva_gqa_workspace_bytes(&g.L, 1);
+  need5 = kva_gqa_workspace_bytes(&g.L, 5);
+  KT_CHECK(need1 == (size_t)(2 * H * D + 2 * G * D) * sizeof(float) + sizeof(int32_t),
+           "kva_gqa_workspace_bytes(1) = %lu", (unsigned long)need1);
+  KT_CHECK(need5 == 5 * need1, "kva_gqa_workspace_bytes(5) = %lu, 5 x (1) = %lu", (unsigned long)need5,
+           (unsigned long)(5 * need1));
+  KT_CHECK(kva_gqa_workspace_bytes(NULL, 1) == 0 && kva_gqa_workspace_bytes(&g.L, -1) == 0,
+           "workspace size of bad arguments is not 0");
+  ws = KT_ALLOC(unsigned char, need5 + 8);
+  /* three caches: 0 without a workspace, 1 with one large enough, 2 with one a byte short */
+  for (i = 0; i < 3; i++) {
+    memset(&cnt[i], 0, sizeof cnt[i]);
+    memset(&cd, 0, sizeof cd);
+    cd.n_layers = 1;
+    cd.n_kv_heads = G;
+    cd.head_dim = D;
+    cd.block_size = 4;
+    cd.n_blocks = 16;
+    cd.alloc_fn = ws_alloc;
+    cd.free_fn = ws_free;
+    cd.user = &cnt[i];
+    KT_STATUS(kva_cache_create(&cd, &c[i]), KVA_OK);
+    KT_STATUS(kva_seq_new(c[i], &seq[i]), KVA_OK);
+  }
+  if (!c[0] || !c[1] || !c[2]) goto done;
+  for (step = 0; step < 6; step++) {
+    n = step == 0 ? 5 : 1;
+    kt_fill(&r, x, (size_t)n * d, -1, 1);
+    for (i = 0; i < 3; i++) {
+      kva_gqa_layer L = g.L;
+      long t0 = cnt[i].takes, g0 = cnt[i].gives;
+      if (i == 1) {
+        L.workspace = ws;
+        L.workspace_bytes = kva_gqa_workspace_bytes(&L, n);
+      } else if (i == 2) {
+        L.workspace = ws;
+        L.workspace_bytes = kva_gqa_workspace_bytes(&L, n) - 1;
+      }
+      KT_STATUS(kva_seq_append(c[i], seq[i], n), KVA_OK);
+      KT_STATUS(kva_gqa_forward(&L, c[i], seq[i], 0, x, n, y[i]), KVA_OK);
+      if (i == 1)
+        KT_CHECK(cnt[i].takes == t0 && cnt[i].gives == g0, "step %d: with a workspace the forward took %ld blocks",
+                 step, cnt[i].takes - t0);
+      else
+        KT_CHECK(cnt[i].takes == t0 + 1 && cnt[i].gives == g0 + 1,
+                 "step %d, cache %d: %ld takes, %ld gives through alloc_fn (want 1 and 1)", step, i, cnt[i].takes - t0,
+                 cnt[i].gives - g0);
+    }
+    KT_CHECK(memcmp(y[0], y[1], (size_t)n * d * sizeof(float)) == 0 &&
+                 memcmp(y[0], y[2], (size_t)n * d * sizeof(float)) == 0,
+             "step %d: outputs differ between workspace and allocation", step);
+  }
+  {
+    /* a workspace that is not float-aligned is an argument error, and nothing changes */
+    kva_gqa_layer L = g.L;
+    L.workspace = ws + 1;
+    L.workspace_bytes = need5;
+    KT_STATUS(kva_seq_append(c[1], seq[1], 1), KVA_OK);
+    KT_STATUS(kva_gqa_forward(&L, c[1], seq[1], 0, x, 1, y[1]), KVA_ERR_ARG);
+  }
+done:
+  for (i = 0; i < 3; i++) {
+    kva_cache_destroy(c[i]);
+    KT_CHECK(cnt[i].takes == cnt[i].gives && cnt[i].live_bytes == 0,
+             "cache %d: %ld takes, %ld gives, %ld bytes not given back", i, cnt[i].takes, cnt[i].gives,
+             cnt[i].live_bytes);
+  }
+  free(ws);
+  glayer_free(&g);
+}
+
 void test_gqa(void) {
   test_gqa_bad();
+  test_gqa_workspace();
   test_gqa_random();
   if (getenv("KVA_TEST_VERBOSE")) fprintf(stderr, "  gqa: worst y err/tol %.3f\n", worst_y_ratio);
 }

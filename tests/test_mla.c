@@ -1471,6 +1471,98 @@ static void test_mla_threads(kt_rng *r) {
   model_free(&m);
 }
 
+/* Temporaries: with a workspace of kva_mla_workspace_bytes (for the length
+   after the append) the forward calls no allocator; without one, or one
+   byte short, it takes exactly one block from the cache's alloc_fn and
+   gives it back; the outputs are the same bits. Both paths.                */
+typedef struct {
+  long takes, gives;
+} mla_ws_count;
+
+static void *mla_ws_alloc(size_t size, size_t align, void *user) {
+  unsigned char *raw, *al;
+  ((mla_ws_count *)user)->takes++;
+  raw = KT_ALLOC(unsigned char, size + align + sizeof(void *));
+  al = raw + sizeof(void *);
+  al += (align - (uintptr_t)al % align) % align;
+  ((void **)al)[-1] = raw;
+  return al;
+}
+
+static void mla_ws_free(void *p, size_t size, void *user) {
+  (void)size;
+  ((mla_ws_count *)user)->gives++;
+  free(((void **)p)[-1]);
+}
+
+static void test_mla_workspace(kt_rng *r) {
+  enum { D = 64, N = 9 };
+  mla_cfg cfg;
+  mla_model m;
+  kva_cache_desc d;
+  kva_cache *c[3];
+  mla_ws_count cnt[3];
+  float x[(N + 3) * D], y[3][(N + 3) * D];
+  unsigned char *ws;
+  int path, i, s[3], step;
+  size_t cap;
+  kt_begin("mla: workspace and allocations through alloc_fn");
+  v2lite(&cfg);
+  cfg.qr = 16;
+  model_build(r, &cfg, &m);
+  kt_fill(r, x, (size_t)(N + 3) * D, -1.7f, 1.7f);
+  m.L.naive = 0;
+  cap = kva_mla_workspace_bytes(&m.L, N, N + 3);
+  m.L.naive = 1; /* the naive path's temporaries grow with the sequence */
+  if (kva_mla_workspace_bytes(&m.L, N, N + 3) > cap) cap = kva_mla_workspace_bytes(&m.L, N, N + 3);
+  ws = KT_ALLOC(unsigned char, cap);
+  KT_CHECK(kva_mla_workspace_bytes(NULL, 1, 1) == 0 && kva_mla_workspace_bytes(&m.L, -1, 1) == 0 &&
+               kva_mla_workspace_bytes(&m.L, 1, -1) == 0,
+           "workspace size of bad arguments is not 0");
+  for (path = 0; path < 2; path++) {
+    m.L.naive = path;
+    for (i = 0; i < 3; i++) {
+      memset(&cnt[i], 0, sizeof cnt[i]);
+      latent_desc(&d, &cfg, 1, 4, 32, KVA_F16);
+      d.alloc_fn = mla_ws_alloc;
+      d.free_fn = mla_ws_free;
+      d.user = &cnt[i];
+      c[i] = NULL;
+      KT_STATUS(kva_cache_create(&d, &c[i]), KVA_OK);
+      if (c[i]) KT_STATUS(kva_seq_new(c[i], &s[i]), KVA_OK);
+    }
+    for (step = 0; step < 4 && c[0] && c[1] && c[2]; step++) {
+      int n = step == 0 ? N : 1, at = step == 0 ? 0 : N + step - 1;
+      for (i = 0; i < 3; i++) {
+        kva_mla_layer L = m.L;
+        long t0 = cnt[i].takes, g0 = cnt[i].gives;
+        KT_STATUS(kva_seq_append(c[i], s[i], n), KVA_OK);
+        if (i > 0) {
+          L.workspace = ws;
+          L.workspace_bytes = kva_mla_workspace_bytes(&L, n, kva_seq_len(c[i], s[i])) - (i == 2);
+        }
+        KT_STATUS(kva_mla_forward(&L, c[i], s[i], 0, x + (size_t)at * D, n, y[i] + (size_t)at * D), KVA_OK);
+        if (i == 1)
+          KT_CHECK(cnt[i].takes == t0 && cnt[i].gives == g0, "naive %d step %d: %ld takes with a workspace", path,
+                   step, cnt[i].takes - t0);
+        else
+          KT_CHECK(cnt[i].takes == t0 + 1 && cnt[i].gives == g0 + 1,
+                   "naive %d step %d cache %d: %ld takes, %ld gives (want 1 and 1)", path, step, i,
+                   cnt[i].takes - t0, cnt[i].gives - g0);
+      }
+    }
+    KT_CHECK(kt_same_bits(y[0], y[1], (size_t)(N + 3) * D) && kt_same_bits(y[0], y[2], (size_t)(N + 3) * D),
+             "naive %d: outputs differ between workspace and allocation", path);
+    for (i = 0; i < 3; i++) {
+      kva_cache_destroy(c[i]);
+      KT_CHECK(cnt[i].takes == cnt[i].gives, "naive %d cache %d: %ld takes, %ld gives", path, i, cnt[i].takes,
+               cnt[i].gives);
+    }
+  }
+  free(ws);
+  model_free(&m);
+}
+
 /* ------------------------------------------------------------------------ */
 
 void test_mla(void) {
@@ -1492,6 +1584,7 @@ void test_mla(void) {
   test_mla_evict(&r);
   test_mla_quant(&r);
   test_mla_threads(&r);
+  test_mla_workspace(&r);
   if (getenv("KVA_TEST_VERBOSE"))
     fprintf(stderr,
             "  mla: worst err/tol F32 %.4f (tol %.0e), F16 %.4f (tol %.0e), BF16 %.4f (tol %.0e); "
