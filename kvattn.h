@@ -407,6 +407,8 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
 KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens);
 KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                     float *out);
+KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
+                                        float *out, float *lse);
 KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
                                 int32_t *pos);
 
@@ -414,6 +416,8 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
 KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
                                   kva_batch **plan);
 KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const float *q, float *out);
+KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, const float *q, float *out,
+                                        float *lse);
 KVA_API void kva_batch_free(kva_batch *b);
 
 /* layers */
@@ -3108,8 +3112,9 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
 
 /* Attention of the newest n_q tokens (q [n_q][n_heads][head_dim]) over the
    sequence's cached keys of `layer`, reading the blocks in place. */
-KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
-                                    float *out) {
+/* kva_attend_cache, and with lse non-NULL also each row's log-sum-exp [n_q][n_heads] */
+KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
+                                        float *out, float *lse) {
   kva__attn_params P;
   kva__kv_view w;
   kva__seq *s;
@@ -3126,10 +3131,15 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
     w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   {
     float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
-    kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, NULL, a->n_threads, scratch,
+    kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
                     KVA__STACK_SCRATCH, n_q > 1);
   }
   return KVA_OK;
+}
+
+KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
+                                    float *out) {
+  return kva_attend_cache_lse(c, seq, layer, a, q, n_q, out, NULL);
 }
 
 /* Batched attention (continuous batching): one call attends the newest
@@ -3270,7 +3280,9 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
   return KVA_OK;
 }
 
-KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const float *q, float *out) {
+/* kva_attend_batch, and with lse non-NULL also each row's log-sum-exp, [rows][n_heads] in q's row order */
+KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, const float *q, float *out,
+                                        float *lse) {
   const kva__attn_params *P;
   size_t part;
   int i, u, nt;
@@ -3303,11 +3315,12 @@ KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const
     int rows = b->n_q[un->seq] * P->R, k;
     const float *qs = q + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->D;
     float *os = out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
+    float *ls = lse ? lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
     int32_t q_base = (int32_t)(s->pos - b->n_q[un->seq]);
     for (k = 0; k < un->n_chunks; k++) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
       if (un->part < 0) {
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, os, NULL, 0);
+        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, os, ls, 0);
       } else {
         float *po = b->parts + (size_t)un->part * part;
         kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, po,
@@ -3323,9 +3336,14 @@ KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const
     int rows = b->n_q[un->seq] * P->R;
     kva__merge_item(P, un->g, un->row0, rows - un->row0 < KVA__MAXROWS ? rows - un->row0 : KVA__MAXROWS,
                     b->parts + (size_t)un->part * part, part, KVA__MAXROWS, b->merge_splits[i],
-                    out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV, NULL);
+                    out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV,
+                    lse ? lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL);
   }
   return KVA_OK;
+}
+
+KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const float *q, float *out) {
+  return kva_attend_batch_lse(c, b, layer, q, out, NULL);
 }
 
 /* A dequantized copy of slot `slot`: k [n_kv_heads][head_dim], v [n_kv_heads][v_dim],

@@ -476,22 +476,26 @@ static void kb_ref_cache(const kb_snap *s, const kva_attn *a, const float *q, in
   free(qp);
 }
 
-/* compare out rows of the selected tokens (out is [n_q][H][Dv]) with kb_ref_cache */
+/* compare out rows of the selected tokens (out is [n_q][H][Dv]) and, when
+   lse is not NULL, their log-sum-exp ([n_q][H]) with kb_ref_cache */
 static void kb_check_cache_rows(const char *label, const char *shape, const kb_snap *s, const kva_attn *a,
                                 const float *q, int n_q, int32_t pos_next, const int *sel, int nsel,
-                                const float *out) {
+                                const float *out, const float *lse) {
   ref_attn_cfg c = ref_cfg(a);
   size_t rows = (size_t)nsel * c.H;
   double *ro = KT_ALLOC(double, rows * c.Dv + 1), *rl = KT_ALLOC(double, rows + 1);
-  float *got = KT_ALLOC(float, rows * c.Dv + 1);
+  float *got = KT_ALLOC(float, rows * c.Dv + 1), *got_lse = KT_ALLOC(float, rows + 1);
   int i;
   kb_ref_cache(s, a, q, n_q, pos_next, sel, nsel, ro, rl);
-  for (i = 0; i < nsel; i++)
+  for (i = 0; i < nsel; i++) {
     memcpy(got + (size_t)i * c.H * c.Dv, out + (size_t)sel[i] * c.H * c.Dv, sizeof(float) * (size_t)c.H * c.Dv);
-  kb_check_rows(label, shape, got, NULL, ro, rl, rows, c.Dv, s->vmax);
+    if (lse) memcpy(got_lse + (size_t)i * c.H, lse + (size_t)sel[i] * c.H, sizeof(float) * (size_t)c.H);
+  }
+  kb_check_rows(label, shape, got, lse ? got_lse : NULL, ro, rl, rows, c.Dv, s->vmax);
   free(ro);
   free(rl);
   free(got);
+  free(got_lse);
 }
 
 static const char *kb_dt_name(kva_dtype t) {
@@ -574,6 +578,7 @@ static void kb_split_cache_case(kt_rng *r, kva_dtype dt, int G, int R, int D, in
     int n_q = variant == 3 ? 1 : n_last, i, sel[8];
     size_t nq = (size_t)n_q * H * D, no = (size_t)n_q * H * Dv;
     float *q = KT_ALLOC(float, nq), *o1 = KT_ALLOC(float, no + KB_GUARD), *o2 = KT_ALLOC(float, no + KB_GUARD);
+    float *l2 = KT_ALLOC(float, (size_t)n_q * H + KB_GUARD);
     long m0;
     kb_attn_init(&a, H, G, D, d.v_dim);
     switch (variant) {
@@ -601,16 +606,20 @@ static void kb_split_cache_case(kt_rng *r, kva_dtype dt, int G, int R, int D, in
     KT_CHECK(kt_all_sentinel(o1 + no, KB_GUARD), "wrote past out (%s)", shape);
     a2 = a;
     a2.n_threads = 2;
-    st = kva_attend_cache(c, seq, 0, &a2, q, n_q, o2);
-    KT_CHECK(st == KVA_OK && kt_same_bits(o1, o2, no), "n_threads 1 and 2 differ (status %d) (%s)", (int)st,
-             shape);
+    /* 2 threads, and the log-sum-exp asked for: the same output bits */
+    kt_fill_sentinel(l2, (size_t)n_q * H + KB_GUARD);
+    st = kva_attend_cache_lse(c, seq, 0, &a2, q, n_q, o2, l2);
+    KT_CHECK(st == KVA_OK && kt_same_bits(o1, o2, no), "n_threads 1 and 2 (with lse) differ (status %d) (%s)",
+             (int)st, shape);
+    KT_CHECK(kt_all_sentinel(l2 + (size_t)n_q * H, KB_GUARD), "wrote past lse (%s)", shape);
     for (i = 0; i < n_q; i++) sel[i] = i;
-    kb_check_cache_rows("split-K kva_attend_cache", shape, &snap, &a, q, n_q, kva_seq_pos(c, seq), sel, n_q,
-                        o1);
+    kb_check_cache_rows("split-K kva_attend_cache_lse", shape, &snap, &a, q, n_q, kva_seq_pos(c, seq), sel, n_q,
+                        o1, l2);
     kb_n_split_cases++;
     free(q);
     free(o1);
     free(o2);
+    free(l2);
   }
   kb_snap_free(&snap);
   kva_cache_destroy(c);
@@ -1200,13 +1209,17 @@ static void kb_batch_scenario(kt_rng *r, int it) {
       size_t nqv = (size_t)rows * w.H * w.D, no = (size_t)rows * w.H * w.Dv;
       float *q = KT_ALLOC(float, nqv + 1), *q0 = KT_ALLOC(float, nqv + 1);
       float *o1 = KT_ALLOC(float, no + KB_GUARD), *o2 = KT_ALLOC(float, no + KB_GUARD);
+      float *l1 = KT_ALLOC(float, (size_t)rows * w.H + KB_GUARD);
       long m0 = kb_mallocs;
       kt_fill(r, q, nqv, -1.0f, 1.0f);
       memcpy(q0, q, sizeof(float) * nqv);
       kt_fill_sentinel(o1, no + KB_GUARD);
       kt_fill_sentinel(o2, no + KB_GUARD);
-      st = kva_attend_batch(w.c[0], p1, l, q, o1);
-      KT_CHECK(st == KVA_OK, "kva_attend_batch(layer %d) = %d (step %d) (%s)", l, (int)st, step, w.shape);
+      kt_fill_sentinel(l1, (size_t)rows * w.H + KB_GUARD);
+      st = kva_attend_batch_lse(w.c[0], p1, l, q, o1, l1); /* layer 0 also runs without lse below: same bits */
+      KT_CHECK(st == KVA_OK, "kva_attend_batch_lse(layer %d) = %d (step %d) (%s)", l, (int)st, step, w.shape);
+      KT_CHECK(kt_all_sentinel(l1 + (size_t)rows * w.H, KB_GUARD), "kva_attend_batch_lse wrote past lse (%s)",
+               w.shape);
       KT_CHECK(kb_mallocs == m0, "kva_attend_batch called KVATTN_MALLOC %ld times (%s)", kb_mallocs - m0,
                w.shape);
       KT_CHECK(kt_all_sentinel(o1 + no, KB_GUARD), "kva_attend_batch wrote past out (%s)", w.shape);
@@ -1267,8 +1280,8 @@ static void kb_batch_scenario(kt_rng *r, int it) {
             sel[nsel++] = n_q - 1;
           }
           kb_snap_take(w.c[0], w.id[s][0], l, w.G, w.D, w.Dv, &sn);
-          kb_check_cache_rows("kva_attend_batch vs reference", shape, &sn, &a, qs, n_q,
-                              kva_seq_pos(w.c[0], w.id[s][0]), sel, nsel, ob);
+          kb_check_cache_rows("kva_attend_batch_lse vs reference", shape, &sn, &a, qs, n_q,
+                              kva_seq_pos(w.c[0], w.id[s][0]), sel, nsel, ob, l1 + (size_t)qrow[i] * w.H);
           kb_snap_free(&sn);
         }
         free(oc);
@@ -1278,6 +1291,7 @@ static void kb_batch_scenario(kt_rng *r, int it) {
       free(q0);
       free(o1);
       free(o2);
+      free(l1);
     }
     kva_batch_free(p1);
     kva_batch_free(p2);
