@@ -2042,14 +2042,32 @@ static inline void kva__split_range(int n_kv, int S, int s, int *kv0, int *kv1) 
   *kv1 = b < n_kv ? (int)b : n_kv;
 }
 
+/* Where a call's temporary memory comes from: a cache's alloc_fn / free_fn
+   (so an engine's allocator sees it), or KVATTN_MALLOC when alloc_fn is NULL. */
+typedef struct {
+  void *(*alloc_fn)(size_t size, size_t align, void *user);
+  void (*free_fn)(void *p, size_t size, void *user);
+  void *user;
+} kva__heap;
+
+static inline void *kva__heap_take(const kva__heap *h, size_t bytes) {
+  return h->alloc_fn ? h->alloc_fn(bytes, 64, h->user) : KVATTN_MALLOC(bytes);
+}
+
+static inline void kva__heap_give(const kva__heap *h, void *p, size_t bytes) {
+  if (!p) return;
+  if (h->free_fn) h->free_fn(p, bytes, h->user);
+  else KVATTN_FREE(p);
+}
+
 /* All rows of all KV heads; work items (KV head, row chunk), or their
    splits, run in parallel. Split partial results go to `scratch` (room for
-   scratch_floats) and, if they do not fit, to a KVATTN_MALLOC buffer when
-   may_alloc; otherwise the split count shrinks to what fits (still a
-   function of the shape alone). */
+   scratch_floats) and, if they do not fit, to memory from `heap` (NULL: the
+   call may not allocate); otherwise the split count shrinks to what fits
+   (still a function of the shape alone). */
 static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view *w, int n_kv, const float *q,
                                    int n_q, const int32_t *q_pos, int32_t q_base, float *out, float *lse,
-                                   int n_threads, float *scratch, size_t scratch_floats, int may_alloc) {
+                                   int n_threads, float *scratch, size_t scratch_floats, const kva__heap *heap) {
   int rows = n_q * P->R, chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
   /* with key scores, one item per KV head: its chunks add to the same keys */
   int per_item = w->key_scores ? chunks : 1;
@@ -2057,10 +2075,11 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
   int S = kva__kv_splits(items, n_kv, w->key_scores != NULL);
   int item_rows = rows < KVA__MAXROWS ? rows : KVA__MAXROWS;
   size_t part = (size_t)item_rows * ((size_t)P->DV + 1); /* one unit's partial rows, then their lse */
-  float *heap = NULL;
+  float *taken = NULL;
+  size_t taken_bytes = (size_t)items * (size_t)S * part * sizeof(float);
   if (S > 1 && (size_t)items * (size_t)S * part > scratch_floats) {
-    if (may_alloc) scratch = heap = (float *)KVATTN_MALLOC((size_t)items * (size_t)S * part * sizeof(float));
-    if (!heap) S = (int)(scratch_floats / ((size_t)items * part)); /* no memory: fewer splits, same rule */
+    if (heap) scratch = taken = (float *)kva__heap_take(heap, taken_bytes);
+    if (!taken) S = (int)(scratch_floats / ((size_t)items * part)); /* no memory: fewer splits, same rule */
   }
   if (S > 1) {
     int units = items * S, ntu = nt < units ? nt : units;
@@ -2080,7 +2099,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
       kva__merge_item(P, it / chunks, c0, rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS,
                       scratch + (size_t)it * (size_t)S * part, part, item_rows, S, out, lse);
     }
-    if (heap) KVATTN_FREE(heap);
+    if (taken) kva__heap_give(heap, taken, taken_bytes);
     return;
   }
   /* unsplit (or no memory for the partial results: the same answer, one unit per item) */
@@ -2140,8 +2159,9 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
   {
     float scratch[KVA__STACK_SCRATCH]; /* split-K partials of a decode step, which never allocates */
+    kva__heap plain = {NULL, NULL, NULL}; /* KVATTN_MALLOC */
     kva__attend_all(&P, &w, n_kv, q, n_q, q_pos, (int32_t)(n_kv - n_q), out, lse, a->n_threads, scratch,
-                    KVA__STACK_SCRATCH, n_q > 1);
+                    KVA__STACK_SCRATCH, n_q > 1 ? &plain : NULL);
   }
   return KVA_OK;
 }
@@ -3131,8 +3151,12 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
     w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   {
     float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
+    kva__heap from_cache;
+    from_cache.alloc_fn = c->alloc_fn;
+    from_cache.free_fn = c->free_fn;
+    from_cache.user = c->user;
     kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
-                    KVA__STACK_SCRATCH, n_q > 1);
+                    KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
   }
   return KVA_OK;
 }
@@ -3168,10 +3192,15 @@ struct kva_batch {
   kva__unit *units;
   kva__kv_view *views;             /* per sequence, rebuilt by each run */
   float *parts;                    /* n_parts x KVA__MAXROWS x (DV + 1) */
+  size_t bytes;                    /* the plan's one block, from its cache's allocator: */
+  void (*free_fn)(void *p, size_t size, void *user); /* NULL: KVATTN_FREE */
+  void *user;
 };
 
 KVA_API void kva_batch_free(kva_batch *b) {
-  if (b) KVATTN_FREE(b);
+  if (!b) return;
+  if (b->free_fn) b->free_fn(b, b->bytes, b->user);
+  else KVATTN_FREE(b);
 }
 
 /* Sequence i's work units (and split parts and merges) from *u, *pi, *mi
@@ -3237,10 +3266,13 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
   bytes = sizeof(kva_batch) + (size_t)n_seqs * (6 * sizeof(int) + sizeof(kva__kv_view)) +
           (size_t)n_merges * 2 * sizeof(int) + (size_t)n_units * sizeof(kva__unit) + 64 +
           (size_t)n_parts * part * sizeof(float);
-  mem = (unsigned char *)KVATTN_MALLOC(bytes);
+  mem = (unsigned char *)(c->alloc_fn ? c->alloc_fn(bytes, 64, c->user) : KVATTN_MALLOC(bytes));
   if (!mem) return KVA_ERR_NOMEM;
   b = (kva_batch *)mem;
   memset(b, 0, sizeof *b);
+  b->bytes = bytes;
+  b->free_fn = c->alloc_fn ? c->free_fn : NULL;
+  b->user = c->user;
   mem += sizeof *b;
   b->views = (kva__kv_view *)mem;
   mem += (size_t)n_seqs * sizeof(kva__kv_view);

@@ -1604,8 +1604,102 @@ typedef struct {
   void (*fn)(void);
 } kb_sub;
 
+/* A cache with alloc_fn gives every temporary through it: split-K partials of
+   a prefill chunk that overflow the stack scratch, and batch plans; the
+   outputs equal those of the same cache without alloc_fn, and no block is
+   taken from KVATTN_MALLOC meanwhile.                                       */
+typedef struct {
+  long takes, gives;
+  size_t live;
+} kb_heap_count;
+
+static void *kb_heap_alloc(size_t size, size_t align, void *user) {
+  kb_heap_count *h = (kb_heap_count *)user;
+  unsigned char *raw = KT_ALLOC(unsigned char, size + align + sizeof(void *)), *al = raw + sizeof(void *);
+  al += (align - (uintptr_t)al % align) % align;
+  ((void **)al)[-1] = raw;
+  h->takes++;
+  h->live += size;
+  return al;
+}
+
+static void kb_heap_free(void *p, size_t size, void *user) {
+  kb_heap_count *h = (kb_heap_count *)user;
+  h->gives++;
+  h->live -= size;
+  free(((void **)p)[-1]);
+}
+
+static void test_cache_heap(void) {
+  enum { G = 1, R = 32, H = G * R, D = 64, LEN = 2600, NQ = 6 };
+  kt_rng r;
+  kva_cache_desc d;
+  kva_cache *c[2] = {NULL, NULL};
+  kb_heap_count h;
+  int seq[2], i;
+  float *q, *o[2], *ob;
+  kva_attn a;
+  kva_batch *plan = NULL;
+  long m0;
+  kt_begin("batch: temporaries of a cache with alloc_fn come from it");
+  kt_seed(&r, 0x4EA9);
+  memset(&h, 0, sizeof h);
+  for (i = 0; i < 2; i++) {
+    kb_desc(&d, 1, G, D, 0, 16, LEN / 16 + 4, KVA_F16);
+    if (i == 1) {
+      d.alloc_fn = kb_heap_alloc;
+      d.free_fn = kb_heap_free;
+      d.user = &h;
+    }
+    KT_STATUS(kva_cache_create(&d, &c[i]), KVA_OK);
+    if (!c[i]) return;
+    KT_STATUS(kva_seq_new(c[i], &seq[i]), KVA_OK);
+  }
+  kt_seed(&r, 0x4EA9);
+  kb_append_store(&r, &c[0], &seq[0], 1, 1, G, D, D, LEN - NQ);
+  kb_append_store(&r, &c[0], &seq[0], 1, 1, G, D, D, NQ);
+  kt_seed(&r, 0x4EA9);
+  kb_append_store(&r, &c[1], &seq[1], 1, 1, G, D, D, LEN - NQ);
+  kb_append_store(&r, &c[1], &seq[1], 1, 1, G, D, D, NQ);
+  kb_attn_init(&a, H, G, D, 0);
+  q = KT_ALLOC(float, (size_t)NQ * H * D);
+  o[0] = KT_ALLOC(float, (size_t)NQ * H * D);
+  o[1] = KT_ALLOC(float, (size_t)NQ * H * D);
+  ob = KT_ALLOC(float, (size_t)NQ * H * D);
+  kt_fill(&r, q, (size_t)NQ * H * D, -1.0f, 1.0f);
+  /* 6 rows x 32 heads: 3 chunks of 64 rows, < 8 items over 2,600 keys: split-K whose partials
+     (3 items x 2 splits x 64 rows x 65 floats) overflow the 16,512-float stack scratch */
+  KT_STATUS(kva_attend_cache(c[0], seq[0], 0, &a, q, NQ, o[0]), KVA_OK);
+  m0 = kb_mallocs;
+  KT_STATUS(kva_attend_cache(c[1], seq[1], 0, &a, q, NQ, o[1]), KVA_OK);
+  KT_CHECK(h.takes == 1 + 1 && h.gives == 1, "prefill with split-K: alloc_fn %ld takes, %ld gives (want the cache "
+           "and one temporary, given back)", h.takes, h.gives);
+  KT_CHECK(kb_mallocs == m0, "prefill on a cache with alloc_fn called KVATTN_MALLOC %ld times", kb_mallocs - m0);
+  KT_CHECK(kt_same_bits(o[0], o[1], (size_t)NQ * H * D), "outputs differ with and without alloc_fn");
+  {
+    int nq = NQ;
+    KT_STATUS(kva_batch_plan(c[1], &a, &seq[1], &nq, 1, &plan), KVA_OK);
+    KT_CHECK(h.takes == 3 && kb_mallocs == m0, "kva_batch_plan: alloc_fn takes %ld (want 3), KVATTN_MALLOC %ld",
+             h.takes, kb_mallocs - m0);
+    if (plan) {
+      KT_STATUS(kva_attend_batch(c[1], plan, 0, q, ob), KVA_OK);
+      kva_batch_free(plan);
+    }
+    KT_CHECK(h.gives == 2, "kva_batch_free gave %ld blocks back through free_fn (want 2 in all)", h.gives);
+  }
+  kva_cache_destroy(c[0]);
+  kva_cache_destroy(c[1]);
+  KT_CHECK(h.takes == h.gives && h.live == 0, "alloc_fn: %ld takes, %ld gives, %lu bytes live", h.takes, h.gives,
+           (unsigned long)h.live);
+  free(q);
+  free(o[0]);
+  free(o[1]);
+  free(ob);
+}
+
 void test_batch(void) {
   static const kb_sub subs[] = {
+      {"cache heap", test_cache_heap},
       {"split directed", test_split_directed}, {"split random", test_split_random},
       {"split cache", test_split_cache},       {"merge partitions", test_merge_partitions},
       {"merge special", test_merge_special},   {"merge cascade", test_merge_cascade},
