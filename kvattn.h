@@ -79,11 +79,11 @@
    [1] configuration
    [2] the API: types, then every public function at a glance
        --- the implementation (left out under KVATTN_DECLARATIONS_ONLY) ---
-   [3] names and numerics    [7] paged KV cache: block pool, sequences,
+   [3] names and numerics    [8] paged KV cache: block pool, sequences,
    [4] SIMD kernels              eviction, prefix caching
-   [5] attention core        [8] cache store / attend / read, batched attention
-   [6] RoPE                  [9] layers: GQA forward, [9b] MLA forward
-                             [10] stats
+   [5] quantization          [9] cache store / attend / read, batched attention
+   [6] attention core        [10] layers: GQA forward, [10b] MLA forward
+   [7] RoPE                  [11] stats
 */
 
 #include <stddef.h>
@@ -590,13 +590,22 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 
 /* ======================================================================
    [4] SIMD kernels
-   Each kernel has a scalar twin with the same stem (`_scalar`), always
-   compiled; the selected ISA's version (`_avx2`, `_neon`) sits beside it,
-   and the un-suffixed name is the one the library calls.
+   Two tile kernels do the arithmetic of attention, for every storage type:
+     dot_tile   scores[r*lds + j] = q_r . k_j     (r < nr query rows, j < nk keys)
+     vacc_tile  acc_r += sum_j p[r*ldp + j] * v_j
+   Each is one force-inlined function per ISA (`_scalar`, `_avx2`, `_avx512`,
+   `_neon`) taking the storage type and the number of query rows as
+   parameters. The dispatchers at the end of this section call it with both
+   constant, so the compiler specialises it, as xxHash does its inner loop:
+   the row loader's switch on the type folds to the few instructions of that
+   type, and the loops over rows unroll into named registers. The scalar twin
+   is always compiled; tests compare every compiled kernel with it.
 
-   Row loaders: a "row" is one key or value vector of one KV head in its
-   storage type. Kernels work on a tile of rows given by pointers, so the
-   same kernel reads plain arrays, paged blocks and (later) compacted slots.
+   A "row" is one key or value vector of one KV head in its storage type.
+   Kernels take a tile of rows as pointers, so the same kernel reads plain
+   arrays, paged blocks and the slots eviction compacts. A quantized row's
+   scale multiplies the finished dot product and the probability, never each
+   element. fp8_scale is the FP8 tensor scale of the rows (K's or V's).
    ====================================================================== */
 
 #define KVA__TILE 64     /* keys per tile: a tile's K and V stay in L1/L2 */
@@ -618,39 +627,37 @@ static inline size_t kva__dtype_size(kva_dtype t) {
   X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
   X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
 
-/* --- scalar row loaders --- */
-static inline float kva__load1_f32(const void *row, int i) { return ((const float *)row)[i]; }
-static inline float kva__load1_f16(const void *row, int i) { return kva_f16_to_f32(((const uint16_t *)row)[i]); }
-static inline float kva__load1_bf16(const void *row, int i) { return kva_bf16_to_f32(((const uint16_t *)row)[i]); }
-static inline float kva__load1_i8(const void *row, int i) { return (float)((const int8_t *)row)[i]; }
-static inline float kva__load1_e5m2(const void *row, int i) { return kva_e5m2_to_f32(((const uint8_t *)row)[i]); }
-/* E4M3 loads as value / 256 (its bits shifted into an F16); the 256 is in the row scale */
-static inline float kva__load1_e4m3(const void *row, int i) {
-  return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * (1.0f / 256.0f);
+/* Element i of a row as a float, before the row's scale. E4M3 loads as
+   value / 256 (its bits shifted into an F16 exponent, as the vector loaders
+   do it); the 256 is in its row scale. */
+KVA__FORCEINLINE float kva__load1(const kva_dtype t, const void *row, int i) {
+  switch (t) {
+    case KVA_F16: return kva_f16_to_f32(((const uint16_t *)row)[i]);
+    case KVA_BF16: return kva_bf16_to_f32(((const uint16_t *)row)[i]);
+    case KVA_INT8: return (float)((const int8_t *)row)[i];
+    case KVA_FP8_E4M3: return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * (1.0f / 256.0f);
+    case KVA_FP8_E5M2: return kva_e5m2_to_f32(((const uint8_t *)row)[i]);
+    default: return ((const float *)row)[i];
+  }
 }
 
-/* Row scales: what a loaded row must be multiplied by. INT8 rows carry
-   their own (a float just before the codes, so a prefix of the row, such
-   as MLA's V inside its latent vector, finds it too); FP8 rows share the cache's k/v
-   scale `cs`; float rows need none (and skip the multiply at compile time). */
-#define KVA__SCALED_f32 0
-#define KVA__SCALED_f16 0
-#define KVA__SCALED_bf16 0
-#define KVA__SCALED_i8 1
-#define KVA__SCALED_e4m3 1
-#define KVA__SCALED_e5m2 1
-static inline float kva__rowscale_f32(const void *row, int d, float cs) { (void)row; (void)d; (void)cs; return 1.0f; }
-#define kva__rowscale_f16 kva__rowscale_f32
-#define kva__rowscale_bf16 kva__rowscale_f32
-static inline float kva__rowscale_i8(const void *row, int d, float cs) {
-  float s;
-  (void)cs;
-  (void)d;
-  memcpy(&s, (const int8_t *)row - sizeof s, sizeof s);
-  return s;
+/* Whether loaded rows of type t still need a scale (float types skip the
+   multiply at compile time). */
+KVA__FORCEINLINE int kva__is_scaled(const kva_dtype t) {
+  return t == KVA_INT8 || t == KVA_FP8_E4M3 || t == KVA_FP8_E5M2;
 }
-static inline float kva__rowscale_e4m3(const void *row, int d, float cs) { (void)row; (void)d; return cs * 256.0f; }
-static inline float kva__rowscale_e5m2(const void *row, int d, float cs) { (void)row; (void)d; return cs; }
+/* What a loaded row must be multiplied by. INT8 rows carry their own (a
+   float just before the codes, so a prefix of the row, such as MLA's V
+   inside its latent vector, finds it too); FP8 rows share the tensor scale. */
+KVA__FORCEINLINE float kva__row_scale(const kva_dtype t, const void *row, float fp8_scale) {
+  float s;
+  switch (t) {
+    case KVA_INT8: memcpy(&s, (const int8_t *)row - sizeof s, sizeof s); return s;
+    case KVA_FP8_E4M3: return fp8_scale * 256.0f;
+    case KVA_FP8_E5M2: return fp8_scale;
+    default: return 1.0f;
+  }
+}
 
 /* The next tile's K and V rows, prefetched by the score kernel as it walks
    this tile: one key's rows per key step keep a steady stream of misses in
@@ -661,7 +668,7 @@ typedef struct {
   const void *const *k, *const *v;
   int n;
   size_t k_bytes, v_bytes; /* of one row; v_bytes 0: V rows are K rows (latent cache) */
-} kva__ahead;
+} kva__next_tile;
 /* the lines of [p, p + bytes), four per step (the last step may touch up to
    three lines past the end: prefetches never fault, and those lines mostly
    hold the next row) */
@@ -675,61 +682,54 @@ KVA__FORCEINLINE void kva__prefetch_span(const void *p, size_t bytes) {
     KVA__PREFETCH(c + off + 192);
   }
 }
-KVA__FORCEINLINE void kva__prefetch_ahead(const kva__ahead *ahead, int j) {
-  if (!ahead || j >= ahead->n) return;
-  kva__prefetch_span(ahead->k[j], ahead->k_bytes);
-  kva__prefetch_span(ahead->v[j], ahead->v_bytes);
+KVA__FORCEINLINE void kva__prefetch_next(const kva__next_tile *next, int j) {
+  if (!next || j >= next->n) return;
+  kva__prefetch_span(next->k[j], next->k_bytes);
+  kva__prefetch_span(next->v[j], next->v_bytes);
 }
 
-/* dot_tile: scores[r*lds + j] = q_r . k_j for r < nr, j < nk (no softmax scale).
-   vacc_tile: acc_r += sum_j p[r*ldp + j] * v_j.
-   A quantized row's scale multiplies the finished dot product and the
-   probability, never each element. dot_tile prefetches `ahead` as it goes. */
-#define KVA__DEFINE_SCALAR_KERNELS(dt)                                                          \
-  static inline void kva__dot_tile_##dt##_scalar(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds, float cs, \
-                                                  const kva__ahead *ahead) {                     \
-    int r, j, i;                                                                                \
-    for (j = 0; j < nk; j++) {                                                                  \
-      float ks = kva__rowscale_##dt(krows[j], d, cs);                                           \
-      kva__prefetch_ahead(ahead, j);                                                            \
-      for (r = 0; r < nr; r++) {                                                                \
-        float s = 0.0f;                                                                         \
-        for (i = 0; i < d; i++) s += q[r][i] * kva__load1_##dt(krows[j], i);                    \
-        scores[r * lds + j] = KVA__SCALED_##dt ? s * ks : s;                                    \
-      }                                                                                         \
-    }                                                                                           \
-  }                                                                                             \
-  static inline void kva__vacc_tile_##dt##_scalar(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv, float cs) { \
-    int r, j, i;                                                                                \
-    for (j = 0; j < nk; j++) {                                                                  \
-      float vs = kva__rowscale_##dt(vrows[j], dv, cs);                                          \
-      for (r = 0; r < nr; r++) {                                                                \
-        float pj = KVA__SCALED_##dt ? p[r * ldp + j] * vs : p[r * ldp + j];                     \
-        if (pj == 0.0f) continue;                                                               \
-        for (i = 0; i < dv; i++) acc[r][i] += pj * kva__load1_##dt(vrows[j], i);                \
-      }                                                                                         \
-    }                                                                                           \
+/* --- the scalar twins --- */
+KVA__FORCEINLINE void kva__dot_tile_scalar(const kva_dtype t, const float *const *q, const int nr,
+                                           const void *const *krows, int nk, int d, float *scores, int lds,
+                                           float fp8_scale, const kva__next_tile *next) {
+  int r, j, i;
+  for (j = 0; j < nk; j++) {
+    float ks = kva__row_scale(t, krows[j], fp8_scale);
+    kva__prefetch_next(next, j);
+    for (r = 0; r < nr; r++) {
+      float s = 0.0f;
+      for (i = 0; i < d; i++) s += q[r][i] * kva__load1(t, krows[j], i);
+      scores[r * lds + j] = kva__is_scaled(t) ? s * ks : s;
+    }
   }
-KVA__DEFINE_SCALAR_KERNELS(f32)
-KVA__DEFINE_SCALAR_KERNELS(f16)
-KVA__DEFINE_SCALAR_KERNELS(bf16)
-KVA__DEFINE_SCALAR_KERNELS(i8)
-KVA__DEFINE_SCALAR_KERNELS(e4m3)
-KVA__DEFINE_SCALAR_KERNELS(e5m2)
+}
+KVA__FORCEINLINE void kva__vacc_tile_scalar(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                            int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
+  int r, j, i;
+  for (j = 0; j < nk; j++) {
+    float vs = kva__row_scale(t, vrows[j], fp8_scale);
+    for (r = 0; r < nr; r++) {
+      float pj = kva__is_scaled(t) ? p[r * ldp + j] * vs : p[r * ldp + j];
+      if (pj == 0.0f) continue;
+      for (i = 0; i < dv; i++) acc[r][i] += pj * kva__load1(t, vrows[j], i);
+    }
+  }
+}
 
-/* SIMD value kernels fold each row's scale into its probabilities first. */
-#define KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, buf)                                \
-  if (KVA__SCALED_##dt) {                                                                       \
-    int r_, j_;                                                                                 \
-    for (j_ = 0; j_ < (nk); j_++) {                                                             \
-      float vs_ = kva__rowscale_##dt((vrows)[j_], (dv), (cs));                                  \
-      for (r_ = 0; r_ < (nr); r_++) (buf)[r_ * KVA__TILE + j_] = (p)[r_ * (ldp) + j_] * vs_;    \
-    }                                                                                           \
-    (p) = (buf);                                                                                \
-    (ldp) = KVA__TILE;                                                                          \
+/* The SIMD value kernels fold each row's scale into its probabilities first:
+   returns the probabilities to use (buf, KVA__NR x KVA__TILE, with *ldp set
+   to its stride, or p itself for float types). */
+KVA__FORCEINLINE const float *kva__scale_probs(const kva_dtype t, const float *p, int *ldp, int nr,
+                                               const void *const *vrows, int nk, float fp8_scale, float *buf) {
+  int r, j;
+  if (!kva__is_scaled(t)) return p;
+  for (j = 0; j < nk; j++) {
+    float vs = kva__row_scale(t, vrows[j], fp8_scale);
+    for (r = 0; r < nr; r++) buf[r * KVA__TILE + j] = p[r * *ldp + j] * vs;
   }
+  *ldp = KVA__TILE;
+  return buf;
+}
 
 /* x[i] = exp(x[i] - m), returning their sum; -inf gives exactly 0 */
 static inline float kva__exp_sub_sum_scalar(float *x, int n, float m) {
@@ -750,7 +750,7 @@ static inline float kva__scale_max_scalar(float *x, int n, float scale) {
   return mx;
 }
 
-/* y[i] = x . w_o (+ b[o]) for a row-major weight [n_out][n_in]: y = W x */
+/* a . b over n floats */
 static inline float kva__dot_f32_scalar(const float *a, const float *b, int n) {
   float s = 0.0f;
   int i;
@@ -771,26 +771,29 @@ static inline void kva__fp8_encode_scalar(uint8_t *dst, const float *src, size_t
 }
 
 #if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
-/* --- AVX2 + FMA + F16C (also compiled under AVX-512, which reuses its helpers) --- */
-#define KVA__AVX2_LOAD8_f32(row, i) _mm256_loadu_ps((const float *)(row) + (i))
-#define KVA__AVX2_LOAD8_f16(row, i) \
-  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (i))))
-#define KVA__AVX2_LOAD8_bf16(row, i)                                                         \
-  _mm256_castsi256_ps(_mm256_slli_epi32(                                                     \
-      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (i)))), 16))
+/* --- AVX2 + FMA + F16C (also compiled under AVX-512, which reuses its
+   conversions and dot product) --- */
 
-#define KVA__AVX2_LOAD8_i8(row, i) \
-  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)(row) + (i)))))
-/* E5M2 is an F16's top byte; E4M3 bits shifted into an F16 give value / 256 */
-#define KVA__AVX2_LOAD8_e5m2(row, i) \
-  _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)(row) + (i)))), 8))
-/* sign-extended to 16 bits and shifted by 7, a code's sign lands in bit 15
-   and also in bit 14, the F16 exponent's top bit, which must be clear */
-KVA__FORCEINLINE __m256 kva__avx2_load8_e4m3(const void *row, int i) {
-  __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)row + i)));
-  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16((short)0xbf80)));
+/* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
+   shifted into an F16 give value / 256. */
+KVA__FORCEINLINE __m256 kva__load8_avx2(const kva_dtype t, const void *row, int i) {
+  const uint8_t *b = (const uint8_t *)row + i;
+  switch (t) {
+    case KVA_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    case KVA_BF16:
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+    case KVA_INT8: return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b)));
+    case KVA_FP8_E5M2: return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)b)), 8));
+    case KVA_FP8_E4M3: {
+      /* sign-extended to 16 bits and shifted by 7, a code's sign lands in
+         bit 15 and also in bit 14, the F16 exponent's top bit, which must be clear */
+      __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)b));
+      return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16((short)0xbf80)));
+    }
+    default: return _mm256_loadu_ps((const float *)row + i);
+  }
 }
-#define KVA__AVX2_LOAD8_e4m3(row, i) kva__avx2_load8_e4m3((row), (i))
 
 /* sum of each of 4 vectors: [s(a0), s(a1), s(a2), s(a3)] */
 KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -798,136 +801,105 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* Scores: two keys per step, each q load serving both (8 FMA chains). */
+KVA__FORCEINLINE void kva__dot_tile_avx2(const kva_dtype t, const float *const *q, const int nr,
+                                         const void *const *krows, int nk, int d, float *scores, int lds,
+                                         float fp8_scale, const kva__next_tile *next) {
+  const __m256 z = _mm256_setzero_ps();
+  const float *qr[4];
+  int j, i, r;
+  for (r = 0; r < 4; r++) qr[r] = q[nr > r ? r : 0];
+  for (j = 0; j < nk; j += 2) { /* past the end, k1 repeats k0; not stored */
+    const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];
+    __m256 a00 = z, a10 = z, a20 = z, a30 = z, a01 = z, a11 = z, a21 = z, a31 = z;
+    float KVA__ALIGN(16) s0[4], s1[4];
+    kva__prefetch_next(next, j);
+    kva__prefetch_next(next, j + 1);
+    for (i = 0; i + 8 <= d; i += 8) {
+      __m256 x0 = kva__load8_avx2(t, k0, i), x1 = kva__load8_avx2(t, k1, i), qv;
+      qv = _mm256_loadu_ps(qr[0] + i);
+      a00 = _mm256_fmadd_ps(qv, x0, a00);
+      a01 = _mm256_fmadd_ps(qv, x1, a01);
+      if (nr > 1) {
+        qv = _mm256_loadu_ps(qr[1] + i);
+        a10 = _mm256_fmadd_ps(qv, x0, a10);
+        a11 = _mm256_fmadd_ps(qv, x1, a11);
+      }
+      if (nr > 2) {
+        qv = _mm256_loadu_ps(qr[2] + i);
+        a20 = _mm256_fmadd_ps(qv, x0, a20);
+        a21 = _mm256_fmadd_ps(qv, x1, a21);
+      }
+      if (nr > 3) {
+        qv = _mm256_loadu_ps(qr[3] + i);
+        a30 = _mm256_fmadd_ps(qv, x0, a30);
+        a31 = _mm256_fmadd_ps(qv, x1, a31);
+      }
+    }
+    _mm_store_ps(s0, kva__hsum4_avx2(a00, a10, a20, a30));
+    _mm_store_ps(s1, kva__hsum4_avx2(a01, a11, a21, a31));
+    for (; i < d; i++) {
+      float kf0 = kva__load1(t, k0, i), kf1 = kva__load1(t, k1, i);
+      for (r = 0; r < nr; r++) {
+        s0[r] += qr[r][i] * kf0;
+        s1[r] += qr[r][i] * kf1;
+      }
+    }
+    if (kva__is_scaled(t)) {
+      float ks0 = kva__row_scale(t, k0, fp8_scale), ks1 = kva__row_scale(t, k1, fp8_scale);
+      for (r = 0; r < nr; r++) {
+        s0[r] *= ks0;
+        s1[r] *= ks1;
+      }
+    }
+    for (r = 0; r < nr; r++) scores[r * lds + j] = s0[r];
+    if (j + 1 < nk)
+      for (r = 0; r < nr; r++) scores[r * lds + j + 1] = s1[r];
+  }
+}
+
 /* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
 #define KVA__V256_INIT(r, c) __m256 a##r##c = nr > r && nv > c ? _mm256_loadu_ps(acc[r] + i + 8 * c) : z;
-#define KVA__V256_FMA(r, c) \
-  if (nr > r && nv > c) a##r##c = _mm256_fmadd_ps(p##r, v##c, a##r##c);
-#define KVA__V256_STORE(r, c) \
-  if (nr > r && nv > c) _mm256_storeu_ps(acc[r] + i + 8 * c, a##r##c);
+#define KVA__V256_FMA(r, c) if (nr > r && nv > c) a##r##c = _mm256_fmadd_ps(p##r, v##c, a##r##c);
+#define KVA__V256_STORE(r, c) if (nr > r && nv > c) _mm256_storeu_ps(acc[r] + i + 8 * c, a##r##c);
 
-/* The bodies take nr as a parameter and are force-inlined at call sites
-   with a constant nr, so the row loops unroll and stay in registers. */
-#define KVA__DEFINE_AVX2_KERNELS(dt)                                                            \
-  KVA__FORCEINLINE void kva__dot_tile_##dt##_avx2_nr(const float *const *q, const int nr,       \
-                                                      const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds, float cs,         \
-                                                      const kva__ahead *ahead) {                \
-    const __m256 z = _mm256_setzero_ps();                                                       \
-    const float *qr[4];                                                                         \
-    int j, i, r;                                                                                \
-    for (r = 0; r < 4; r++) qr[r] = q[nr > r ? r : 0];                                          \
-    for (j = 0; j < nk; j += 2) { /* past the end, k1 repeats k0; not stored */                 \
-      const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
-      __m256 a00 = z, a10 = z, a20 = z, a30 = z, a01 = z, a11 = z, a21 = z, a31 = z;            \
-      float KVA__ALIGN(16) s0[4], s1[4];                                                        \
-      kva__prefetch_ahead(ahead, j);                                                            \
-      kva__prefetch_ahead(ahead, j + 1);                                                        \
-      for (i = 0; i + 8 <= d; i += 8) {                                                         \
-        __m256 x0 = KVA__AVX2_LOAD8_##dt(k0, i), x1 = KVA__AVX2_LOAD8_##dt(k1, i), qv;          \
-        qv = _mm256_loadu_ps(qr[0] + i);                                                        \
-        a00 = _mm256_fmadd_ps(qv, x0, a00);                                                     \
-        a01 = _mm256_fmadd_ps(qv, x1, a01);                                                     \
-        if (nr > 1) {                                                                           \
-          qv = _mm256_loadu_ps(qr[1] + i);                                                      \
-          a10 = _mm256_fmadd_ps(qv, x0, a10);                                                   \
-          a11 = _mm256_fmadd_ps(qv, x1, a11);                                                   \
-        }                                                                                       \
-        if (nr > 2) {                                                                           \
-          qv = _mm256_loadu_ps(qr[2] + i);                                                      \
-          a20 = _mm256_fmadd_ps(qv, x0, a20);                                                   \
-          a21 = _mm256_fmadd_ps(qv, x1, a21);                                                   \
-        }                                                                                       \
-        if (nr > 3) {                                                                           \
-          qv = _mm256_loadu_ps(qr[3] + i);                                                      \
-          a30 = _mm256_fmadd_ps(qv, x0, a30);                                                   \
-          a31 = _mm256_fmadd_ps(qv, x1, a31);                                                   \
-        }                                                                                       \
-      }                                                                                         \
-      _mm_store_ps(s0, kva__hsum4_avx2(a00, a10, a20, a30));                                    \
-      _mm_store_ps(s1, kva__hsum4_avx2(a01, a11, a21, a31));                                    \
-      for (; i < d; i++) {                                                                      \
-        float kf0 = kva__load1_##dt(k0, i), kf1 = kva__load1_##dt(k1, i);                       \
-        for (r = 0; r < nr; r++) {                                                              \
-          s0[r] += qr[r][i] * kf0;                                                              \
-          s1[r] += qr[r][i] * kf1;                                                              \
-        }                                                                                       \
-      }                                                                                         \
-      if (KVA__SCALED_##dt) {                                                                   \
-        float ks0 = kva__rowscale_##dt(k0, d, cs), ks1 = kva__rowscale_##dt(k1, d, cs);         \
-        for (r = 0; r < nr; r++) {                                                              \
-          s0[r] *= ks0;                                                                         \
-          s1[r] *= ks1;                                                                         \
-        }                                                                                       \
-      }                                                                                         \
-      for (r = 0; r < nr; r++) scores[r * lds + j] = s0[r];                                     \
-      if (j + 1 < nk)                                                                           \
-        for (r = 0; r < nr; r++) scores[r * lds + j + 1] = s1[r];                               \
-    }                                                                                           \
-  }                                                                                             \
-  static inline void kva__dot_tile_##dt##_avx2(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds, float cs, \
-                                                const kva__ahead *ahead) {                       \
-    switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_avx2_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;             \
-      case 2: kva__dot_tile_##dt##_avx2_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;             \
-      case 3: kva__dot_tile_##dt##_avx2_nr(q, 3, krows, nk, d, scores, lds, cs, ahead); break;             \
-      default: kva__dot_tile_##dt##_avx2_nr(q, 4, krows, nk, d, scores, lds, cs, ahead); break;            \
-    }                                                                                           \
-  }                                                                                             \
-  /* one strip of nv (<= 4) vectors of 8 columns from column i, nr rows */                    \
-  KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx2(float *const *acc, const int nr, const float *p, \
-                                                     int ldp, const void *const *vrows, int nk,  \
-                                                     int i, const int nv) {                     \
-    const __m256 z = _mm256_setzero_ps();                                                       \
-    int j;                                                                                      \
-    KVA__EACH_4X4(KVA__V256_INIT)                                                              \
-    for (j = 0; j < nk; j++) {                                                                  \
-      const void *vr = vrows[j];                                                                \
-      __m256 v0 = KVA__AVX2_LOAD8_##dt(vr, i);                                                  \
-      __m256 v1 = nv > 1 ? KVA__AVX2_LOAD8_##dt(vr, i + 8) : z;                                 \
-      __m256 v2 = nv > 2 ? KVA__AVX2_LOAD8_##dt(vr, i + 16) : z;                                \
-      __m256 v3 = nv > 3 ? KVA__AVX2_LOAD8_##dt(vr, i + 24) : z;                                \
-      __m256 p0 = _mm256_broadcast_ss(p + j);                                                   \
-      __m256 p1 = nr > 1 ? _mm256_broadcast_ss(p + ldp + j) : z;                                \
-      __m256 p2 = nr > 2 ? _mm256_broadcast_ss(p + 2 * ldp + j) : z;                            \
-      __m256 p3 = nr > 3 ? _mm256_broadcast_ss(p + 3 * ldp + j) : z;                            \
-      KVA__EACH_4X4(KVA__V256_FMA)                                                             \
-    }                                                                                           \
-    KVA__EACH_4X4(KVA__V256_STORE)                                                             \
-  }                                                                                             \
-  KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx2_nr(float *const *acc, const int nr,          \
-                                                       const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv, float cs) { \
-    int i, j, r;                                                                                \
-    float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
-    KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    /* 16 ymm registers: strips of 2 vectors (8 accumulators, 2 values, 4 broadcasts) */      \
-    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 2); \
-    if (dv - i >= 8) {                                                                          \
-      kva__vacc_strip_##dt##_avx2(acc, nr, p, ldp, vrows, nk, i, 1);                            \
-      i += 8;                                                                                   \
-    }                                                                                           \
-    for (; i < dv; i++)                                                                         \
-      for (j = 0; j < nk; j++) {                                                                \
-        float vf = kva__load1_##dt(vrows[j], i);                                                \
-        for (r = 0; r < nr; r++) acc[r][i] += p[r * ldp + j] * vf;                              \
-      }                                                                                         \
-  }                                                                                             \
-  static inline void kva__vacc_tile_##dt##_avx2(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv, float cs) { \
-    switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx2_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
-      case 2: kva__vacc_tile_##dt##_avx2_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
-      case 3: kva__vacc_tile_##dt##_avx2_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
-      default: kva__vacc_tile_##dt##_avx2_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
-    }                                                                                           \
+/* one strip of nv (<= 4) vectors of 8 columns from column i, nr rows */
+KVA__FORCEINLINE void kva__vacc_strip_avx2(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                           int ldp, const void *const *vrows, int nk, int i, const int nv) {
+  const __m256 z = _mm256_setzero_ps();
+  int j;
+  KVA__EACH_4X4(KVA__V256_INIT)
+  for (j = 0; j < nk; j++) {
+    const void *vr = vrows[j];
+    __m256 v0 = kva__load8_avx2(t, vr, i);
+    __m256 v1 = nv > 1 ? kva__load8_avx2(t, vr, i + 8) : z;
+    __m256 v2 = nv > 2 ? kva__load8_avx2(t, vr, i + 16) : z;
+    __m256 v3 = nv > 3 ? kva__load8_avx2(t, vr, i + 24) : z;
+    __m256 p0 = _mm256_broadcast_ss(p + j);
+    __m256 p1 = nr > 1 ? _mm256_broadcast_ss(p + ldp + j) : z;
+    __m256 p2 = nr > 2 ? _mm256_broadcast_ss(p + 2 * ldp + j) : z;
+    __m256 p3 = nr > 3 ? _mm256_broadcast_ss(p + 3 * ldp + j) : z;
+    KVA__EACH_4X4(KVA__V256_FMA)
   }
-KVA__DEFINE_AVX2_KERNELS(f32)
-KVA__DEFINE_AVX2_KERNELS(f16)
-KVA__DEFINE_AVX2_KERNELS(bf16)
-KVA__DEFINE_AVX2_KERNELS(i8)
-KVA__DEFINE_AVX2_KERNELS(e4m3)
-KVA__DEFINE_AVX2_KERNELS(e5m2)
+  KVA__EACH_4X4(KVA__V256_STORE)
+}
+KVA__FORCEINLINE void kva__vacc_tile_avx2(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                          int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
+  float pbuf[KVA__NR * KVA__TILE];
+  int i, j, r;
+  p = kva__scale_probs(t, p, &ldp, nr, vrows, nk, fp8_scale, pbuf);
+  /* 16 ymm registers: strips of 2 vectors (8 accumulators, 2 values, 4 broadcasts) */
+  for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_avx2(t, acc, nr, p, ldp, vrows, nk, i, 2);
+  if (dv - i >= 8) {
+    kva__vacc_strip_avx2(t, acc, nr, p, ldp, vrows, nk, i, 1);
+    i += 8;
+  }
+  for (; i < dv; i++)
+    for (j = 0; j < nk; j++) {
+      float vf = kva__load1(t, vrows[j], i);
+      for (r = 0; r < nr; r++) acc[r][i] += p[r * ldp + j] * vf;
+    }
+}
 
 /* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
    relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
@@ -1052,25 +1024,34 @@ static inline void kva__fp8_encode_avx2(uint8_t *dst, const float *src, size_t n
   }
   kva__fp8_encode_scalar(dst + i, src + i, n - i, mul, f);
 }
-#if KVATTN_SIMD == KVA_SIMD_AVX2
-#define KVA__ISA avx2
-#else
+#endif /* AVX2 */
+
+#if KVATTN_SIMD == KVA_SIMD_AVX512
 /* --- AVX-512 (F, BW, VL): 16 lanes; tails use masked loads, which never
    touch memory outside the mask, so no scalar tail loops --- */
-#define KVA__AVX512_LOAD16_f32(row, i, m) _mm512_maskz_loadu_ps((m), (const float *)(row) + (i))
-#define KVA__AVX512_LOAD16_f16(row, i, m) \
-  _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((m), (const uint16_t *)(row) + (i)))
-#define KVA__AVX512_LOAD16_bf16(row, i, m) \
-  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((m), (const uint16_t *)(row) + (i))), 16))
-#define KVA__AVX512_LOAD16_i8(row, i, m) \
-  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((m), (const int8_t *)(row) + (i))))
-#define KVA__AVX512_LOAD16_e5m2(row, i, m) \
-  _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8((m), (const uint8_t *)(row) + (i))), 8))
-KVA__FORCEINLINE __m512 kva__avx512_load16_e4m3(const void *row, int i, __mmask16 m) {
-  __m256i x = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + i));
-  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbf80)));
+
+/* lanes i .. min(i+16, n)-1 */
+KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
+  return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
 }
-#define KVA__AVX512_LOAD16_e4m3(row, i, m) kva__avx512_load16_e4m3((row), (i), (m))
+
+/* the elements of a row from element i that mask m selects (the others 0) */
+KVA__FORCEINLINE __m512 kva__load16_avx512(const kva_dtype t, const void *row, int i, __mmask16 m) {
+  const uint8_t *b = (const uint8_t *)row + i;
+  switch (t) {
+    case KVA_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i));
+    case KVA_BF16:
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i)), 16));
+    case KVA_INT8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b)));
+    case KVA_FP8_E5M2: return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, b)), 8));
+    case KVA_FP8_E4M3: { /* as kva__load8_avx2 */
+      __m256i x = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, b));
+      return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbf80)));
+    }
+    default: return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+  }
+}
 
 /* Without this, gcc folds each q load into all four FMAs that use it as a
    memory operand: four loads where one does, and the loads bound the kernel. */
@@ -1080,37 +1061,6 @@ KVA__FORCEINLINE __m512 kva__avx512_load16_e4m3(const void *row, int i, __mmask1
 #define KVA__IN_REGISTERS(a, b, c, d)
 #endif
 
-/* lanes i .. min(i+16, n)-1 */
-KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
-  return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
-}
-
-/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
-#define KVA__V512_INIT(r, c) \
-  __m512 a##r##c = nr > r && nv > c ? _mm512_maskz_loadu_ps(m##c, acc[r] + i + 16 * c) : z;
-#define KVA__V512_FMA(r, c) \
-  if (nr > r && nv > c) a##r##c = _mm512_fmadd_ps(p##r, v##c, a##r##c);
-#define KVA__V512_STORE(r, c) \
-  if (nr > r && nv > c) _mm512_mask_storeu_ps(acc[r] + i + 16 * c, m##c, a##r##c);
-
-/* Scores: four keys per step against up to four query rows: 16 independent
-   FMA chains, and each loaded q vector serves four keys (with one key per
-   step, q loads outnumber the FMAs). Accumulator s<row><key>. */
-#define KVA__D512_INIT(r, k) __m512 s##r##k = z;
-#define KVA__D512_FMA(r, k) \
-  if (nr > r) s##r##k = _mm512_fmadd_ps(qv##r, x##k, s##r##k);
-#define KVA__DOT512_STEP(dt, mask)                                                              \
-  {                                                                                             \
-    const __mmask16 m = (mask);                                                                 \
-    __m512 x0 = KVA__AVX512_LOAD16_##dt(k0, i, m), x1 = KVA__AVX512_LOAD16_##dt(k1, i, m);      \
-    __m512 x2 = KVA__AVX512_LOAD16_##dt(k2, i, m), x3 = KVA__AVX512_LOAD16_##dt(k3, i, m);      \
-    __m512 qv0 = _mm512_maskz_loadu_ps(m, q0 + i);                                              \
-    __m512 qv1 = nr > 1 ? _mm512_maskz_loadu_ps(m, q1 + i) : z;                                 \
-    __m512 qv2 = nr > 2 ? _mm512_maskz_loadu_ps(m, q2 + i) : z;                                 \
-    __m512 qv3 = nr > 3 ? _mm512_maskz_loadu_ps(m, q3 + i) : z;                                 \
-    KVA__IN_REGISTERS(qv0, qv1, qv2, qv3)                                                      \
-    KVA__EACH_4X4(KVA__D512_FMA)                                                               \
-  }
 /* The 16 sums of a[4*key + row] as one vector: 128-bit lane `row`, element
    `key`. A transpose-and-add tree: 45 shuffles and adds for 16 sums. */
 KVA__FORCEINLINE __m512 kva__pair512(__m512 a, __m512 b) { /* [a halves, b halves] */
@@ -1129,103 +1079,103 @@ KVA__FORCEINLINE __m512 kva__sum16_512(const __m512 *a) {
   return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(d0), _mm512_castps_pd(d1))),
                        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(d0), _mm512_castps_pd(d1))));
 }
-#define KVA__D512_GATHER(r, k) sums[4 * k + r] = s##r##k;
-/* the step's scores: row r's four (keys j..j+3, those < nk) from lane r */
-#define KVA__DOT512_OUT(dt)                                                                     \
-  {                                                                                             \
-    __m512 sums[16], e;                                                                         \
-    const __mmask8 keys = (__mmask8)(nk - j >= 4 ? 0xf : (1u << (nk - j)) - 1u);                \
-    KVA__EACH_4X4(KVA__D512_GATHER)                                                            \
-    e = kva__sum16_512(sums);                                                                   \
-    if (KVA__SCALED_##dt)                                                                       \
-      e = _mm512_mul_ps(e, _mm512_broadcast_f32x4(_mm_setr_ps(                                  \
-                               kva__rowscale_##dt(k0, d, cs), kva__rowscale_##dt(k1, d, cs),     \
-                               kva__rowscale_##dt(k2, d, cs), kva__rowscale_##dt(k3, d, cs)))); \
-    _mm_mask_storeu_ps(scores + j, keys, _mm512_castps512_ps128(e));                            \
-    if (nr > 1) _mm_mask_storeu_ps(scores + lds + j, keys, _mm512_extractf32x4_ps(e, 1));       \
-    if (nr > 2) _mm_mask_storeu_ps(scores + 2 * lds + j, keys, _mm512_extractf32x4_ps(e, 2));   \
-    if (nr > 3) _mm_mask_storeu_ps(scores + 3 * lds + j, keys, _mm512_extractf32x4_ps(e, 3));   \
-  }
 
-#define KVA__DEFINE_AVX512_KERNELS(dt)                                                          \
-  KVA__FORCEINLINE void kva__dot_tile_##dt##_avx512_nr(const float *const *q, const int nr,     \
-                                                        const void *const *krows, int nk, int d, \
-                                                        float *scores, int lds, float cs,        \
-                                                        const kva__ahead *ahead) {               \
-    const __m512 z = _mm512_setzero_ps();                                                       \
-    int j, i, r;                                                                                \
-    const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
-    for (j = 0; j < nk; j += 4) { /* past the end, k1..k3 repeat the last key; not stored */    \
-      const void *k0 = krows[j], *k1 = krows[j + 1 < nk ? j + 1 : j];                           \
-      const void *k2 = krows[j + 2 < nk ? j + 2 : j], *k3 = krows[j + 3 < nk ? j + 3 : j];      \
-      KVA__EACH_4X4(KVA__D512_INIT)                                                            \
-      for (r = 0; r < 4; r++) kva__prefetch_ahead(ahead, j + r);                                \
-      for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP(dt, (__mmask16)0xffff)                  \
-      if (i < d) KVA__DOT512_STEP(dt, kva__mask16(i, d))                                        \
-      KVA__DOT512_OUT(dt)                                                                       \
-    }                                                                                           \
-  }                                                                                             \
-  static inline void kva__dot_tile_##dt##_avx512(const float *const *q, int nr, const void *const *krows, \
-                                                  int nk, int d, float *scores, int lds, float cs, \
-                                                  const kva__ahead *ahead) {                     \
-    switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_avx512_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;           \
-      case 2: kva__dot_tile_##dt##_avx512_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;           \
-      case 3: kva__dot_tile_##dt##_avx512_nr(q, 3, krows, nk, d, scores, lds, cs, ahead); break;           \
-      default: kva__dot_tile_##dt##_avx512_nr(q, 4, krows, nk, d, scores, lds, cs, ahead); break;          \
-    }                                                                                           \
-  }                                                                                             \
-  /* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows: 16 accumulators */  \
-  KVA__FORCEINLINE void kva__vacc_strip_##dt##_avx512(float *const *acc, const int nr, const float *p, \
-                                                       int ldp, const void *const *vrows, int nk, \
-                                                       int i, const int nv, int dv) {           \
-    const __m512 z = _mm512_setzero_ps();                                                       \
-    const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);                      \
-    const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);                 \
-    int j;                                                                                      \
-    KVA__EACH_4X4(KVA__V512_INIT)                                                              \
-    for (j = 0; j < nk; j++) {                                                                  \
-      const void *vr = vrows[j];                                                                \
-      __m512 v0 = KVA__AVX512_LOAD16_##dt(vr, i, m0);                                           \
-      __m512 v1 = nv > 1 ? KVA__AVX512_LOAD16_##dt(vr, i + 16, m1) : z;                         \
-      __m512 v2 = nv > 2 ? KVA__AVX512_LOAD16_##dt(vr, i + 32, m2) : z;                         \
-      __m512 v3 = nv > 3 ? KVA__AVX512_LOAD16_##dt(vr, i + 48, m3) : z;                         \
-      __m512 p0 = _mm512_set1_ps(p[j]);                                                         \
-      __m512 p1 = nr > 1 ? _mm512_set1_ps(p[ldp + j]) : z;                                      \
-      __m512 p2 = nr > 2 ? _mm512_set1_ps(p[2 * ldp + j]) : z;                                  \
-      __m512 p3 = nr > 3 ? _mm512_set1_ps(p[3 * ldp + j]) : z;                                  \
-      KVA__EACH_4X4(KVA__V512_FMA)                                                             \
-    }                                                                                           \
-    KVA__EACH_4X4(KVA__V512_STORE)                                                             \
-  }                                                                                             \
-  KVA__FORCEINLINE void kva__vacc_tile_##dt##_avx512_nr(float *const *acc, const int nr,        \
-                                                         const float *p, int ldp,               \
-                                                         const void *const *vrows, int nk, int dv, float cs) { \
-    int i, rest;                                                                                \
-    float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
-    KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 64 <= dv; i += 64) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv); \
-    rest = (dv - i + 15) / 16; /* vectors left, the last one masked */                          \
-    if (rest == 1) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 1, dv);         \
-    if (rest == 2) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 2, dv);         \
-    if (rest == 3) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 3, dv);         \
-    if (rest == 4) kva__vacc_strip_##dt##_avx512(acc, nr, p, ldp, vrows, nk, i, 4, dv);         \
-  }                                                                                             \
-  static inline void kva__vacc_tile_##dt##_avx512(float *const *acc, int nr, const float *p, int ldp, \
-                                                   const void *const *vrows, int nk, int dv, float cs) { \
-    switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_avx512_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;            \
-      case 2: kva__vacc_tile_##dt##_avx512_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;            \
-      case 3: kva__vacc_tile_##dt##_avx512_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;            \
-      default: kva__vacc_tile_##dt##_avx512_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;           \
-    }                                                                                           \
+/* A score step's output: row r's scores of keys j..j+3 (those < nk) from
+   lane r of the summed accumulators, times the keys' row scales. */
+KVA__FORCEINLINE void kva__dot_out_avx512(const kva_dtype t, const int nr, const __m512 *sums,
+                                          const void *const *k4, float fp8_scale, float *scores, int lds,
+                                          int j, int nk) {
+  const __mmask8 keys = (__mmask8)(nk - j >= 4 ? 0xf : (1u << (nk - j)) - 1u);
+  __m512 e = kva__sum16_512(sums);
+  if (kva__is_scaled(t))
+    e = _mm512_mul_ps(e, _mm512_broadcast_f32x4(_mm_setr_ps(
+                             kva__row_scale(t, k4[0], fp8_scale), kva__row_scale(t, k4[1], fp8_scale),
+                             kva__row_scale(t, k4[2], fp8_scale), kva__row_scale(t, k4[3], fp8_scale))));
+  _mm_mask_storeu_ps(scores + j, keys, _mm512_castps512_ps128(e));
+  if (nr > 1) _mm_mask_storeu_ps(scores + lds + j, keys, _mm512_extractf32x4_ps(e, 1));
+  if (nr > 2) _mm_mask_storeu_ps(scores + 2 * lds + j, keys, _mm512_extractf32x4_ps(e, 2));
+  if (nr > 3) _mm_mask_storeu_ps(scores + 3 * lds + j, keys, _mm512_extractf32x4_ps(e, 3));
+}
+
+/* Scores: four keys per step against up to four query rows: 16 independent
+   FMA chains, and each loaded q vector serves four keys (with one key per
+   step, q loads outnumber the FMAs). Accumulator s<row><key>. One step over
+   16 elements is this macro, so that the unmasked steps and the masked last
+   step share it and the 16 accumulators stay plain locals. */
+#define KVA__D512_INIT(r, k) __m512 s##r##k = z;
+#define KVA__D512_FMA(r, k) if (nr > r) s##r##k = _mm512_fmadd_ps(qv##r, x##k, s##r##k);
+#define KVA__D512_GATHER(r, k) sums[4 * k + r] = s##r##k;
+#define KVA__DOT512_STEP(mask)                                                                                 \
+  {                                                                                                            \
+    const __mmask16 m = (mask);                                                                                \
+    __m512 x0 = kva__load16_avx512(t, k4[0], i, m), x1 = kva__load16_avx512(t, k4[1], i, m);                   \
+    __m512 x2 = kva__load16_avx512(t, k4[2], i, m), x3 = kva__load16_avx512(t, k4[3], i, m);                   \
+    __m512 qv0 = _mm512_maskz_loadu_ps(m, q0 + i);                                                             \
+    __m512 qv1 = nr > 1 ? _mm512_maskz_loadu_ps(m, q1 + i) : z;                                                \
+    __m512 qv2 = nr > 2 ? _mm512_maskz_loadu_ps(m, q2 + i) : z;                                                \
+    __m512 qv3 = nr > 3 ? _mm512_maskz_loadu_ps(m, q3 + i) : z;                                                \
+    KVA__IN_REGISTERS(qv0, qv1, qv2, qv3)                                                                      \
+    KVA__EACH_4X4(KVA__D512_FMA)                                                                               \
   }
-KVA__DEFINE_AVX512_KERNELS(f32)
-KVA__DEFINE_AVX512_KERNELS(f16)
-KVA__DEFINE_AVX512_KERNELS(bf16)
-KVA__DEFINE_AVX512_KERNELS(i8)
-KVA__DEFINE_AVX512_KERNELS(e4m3)
-KVA__DEFINE_AVX512_KERNELS(e5m2)
+KVA__FORCEINLINE void kva__dot_tile_avx512(const kva_dtype t, const float *const *q, const int nr,
+                                           const void *const *krows, int nk, int d, float *scores, int lds,
+                                           float fp8_scale, const kva__next_tile *next) {
+  const __m512 z = _mm512_setzero_ps();
+  const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0];
+  int j, i, r;
+  for (j = 0; j < nk; j += 4) {
+    const void *k4[4]; /* past the end, the last key repeats; not stored */
+    __m512 sums[16];
+    KVA__EACH_4X4(KVA__D512_INIT)
+    for (r = 0; r < 4; r++) k4[r] = krows[j + r < nk ? j + r : j];
+    for (r = 0; r < 4; r++) kva__prefetch_next(next, j + r);
+    for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP((__mmask16)0xffff)
+    if (i < d) KVA__DOT512_STEP(kva__mask16(i, d))
+    KVA__EACH_4X4(KVA__D512_GATHER)
+    kva__dot_out_avx512(t, nr, sums, k4, fp8_scale, scores, lds, j, nk);
+  }
+}
+
+/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
+#define KVA__V512_INIT(r, c) __m512 a##r##c = nr > r && nv > c ? _mm512_maskz_loadu_ps(m##c, acc[r] + i + 16 * c) : z;
+#define KVA__V512_FMA(r, c) if (nr > r && nv > c) a##r##c = _mm512_fmadd_ps(p##r, v##c, a##r##c);
+#define KVA__V512_STORE(r, c) if (nr > r && nv > c) _mm512_mask_storeu_ps(acc[r] + i + 16 * c, m##c, a##r##c);
+
+/* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows: 16 accumulators */
+KVA__FORCEINLINE void kva__vacc_strip_avx512(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                             int ldp, const void *const *vrows, int nk, int i, const int nv,
+                                             int dv) {
+  const __m512 z = _mm512_setzero_ps();
+  const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);
+  const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);
+  int j;
+  KVA__EACH_4X4(KVA__V512_INIT)
+  for (j = 0; j < nk; j++) {
+    const void *vr = vrows[j];
+    __m512 v0 = kva__load16_avx512(t, vr, i, m0);
+    __m512 v1 = nv > 1 ? kva__load16_avx512(t, vr, i + 16, m1) : z;
+    __m512 v2 = nv > 2 ? kva__load16_avx512(t, vr, i + 32, m2) : z;
+    __m512 v3 = nv > 3 ? kva__load16_avx512(t, vr, i + 48, m3) : z;
+    __m512 p0 = _mm512_set1_ps(p[j]);
+    __m512 p1 = nr > 1 ? _mm512_set1_ps(p[ldp + j]) : z;
+    __m512 p2 = nr > 2 ? _mm512_set1_ps(p[2 * ldp + j]) : z;
+    __m512 p3 = nr > 3 ? _mm512_set1_ps(p[3 * ldp + j]) : z;
+    KVA__EACH_4X4(KVA__V512_FMA)
+  }
+  KVA__EACH_4X4(KVA__V512_STORE)
+}
+KVA__FORCEINLINE void kva__vacc_tile_avx512(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                            int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
+  float pbuf[KVA__NR * KVA__TILE];
+  int i, rest;
+  p = kva__scale_probs(t, p, &ldp, nr, vrows, nk, fp8_scale, pbuf);
+  for (i = 0; i + 64 <= dv; i += 64) kva__vacc_strip_avx512(t, acc, nr, p, ldp, vrows, nk, i, 4, dv);
+  rest = (dv - i + 15) / 16; /* vectors left, the last one masked */
+  if (rest == 1) kva__vacc_strip_avx512(t, acc, nr, p, ldp, vrows, nk, i, 1, dv);
+  if (rest == 2) kva__vacc_strip_avx512(t, acc, nr, p, ldp, vrows, nk, i, 2, dv);
+  if (rest == 3) kva__vacc_strip_avx512(t, acc, nr, p, ldp, vrows, nk, i, 3, dv);
+  if (rest == 4) kva__vacc_strip_avx512(t, acc, nr, p, ldp, vrows, nk, i, 4, dv);
+}
 
 /* The AVX2 exp, 16 lanes at a time. */
 static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) {
@@ -1279,15 +1229,10 @@ static inline float kva__scale_max_avx512(float *x, int n, float scale) {
 #define kva__dot_f32_avx512 kva__dot_f32_avx2
 #define kva__f32_to_f16_row_avx512 kva__f32_to_f16_row_avx2
 #define kva__fp8_encode_avx512 kva__fp8_encode_avx2
-#define KVA__ISA avx512
 #endif /* AVX-512 */
 
-#elif KVATTN_SIMD == KVA_SIMD_NEON
+#if KVATTN_SIMD == KVA_SIMD_NEON
 /* --- NEON (AArch64) --- */
-#define KVA__NEON_LOAD4_f32(row, i) vld1q_f32((const float *)(row) + (i))
-#define KVA__NEON_LOAD4_f16(row, i) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(row) + (i))))
-#define KVA__NEON_LOAD4_bf16(row, i) \
-  vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(row) + (i)), 16))
 
 /* 4 bytes at a time without reading past the row */
 KVA__FORCEINLINE uint16x4_t kva__neon_u8x4(const void *row, int i) {
@@ -1295,131 +1240,109 @@ KVA__FORCEINLINE uint16x4_t kva__neon_u8x4(const void *row, int i) {
   memcpy(&w, (const uint8_t *)row + i, 4);
   return vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))));
 }
-KVA__FORCEINLINE float32x4_t kva__neon_load4_i8(const void *row, int i) {
-  int16x4_t x = vshr_n_s16(vreinterpret_s16_u16(vshl_n_u16(kva__neon_u8x4(row, i), 8)), 8); /* sign-extend */
-  return vcvtq_f32_s32(vmovl_s16(x));
+/* 4 elements of a row from element i; FP8 as in kva__load8_avx2 */
+KVA__FORCEINLINE float32x4_t kva__load4_neon(const kva_dtype t, const void *row, int i) {
+  switch (t) {
+    case KVA_F16: return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)row + i)));
+    case KVA_BF16: return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)row + i), 16));
+    case KVA_INT8: { /* sign-extended from the byte's top bit */
+      int16x4_t x = vshr_n_s16(vreinterpret_s16_u16(vshl_n_u16(kva__neon_u8x4(row, i), 8)), 8);
+      return vcvtq_f32_s32(vmovl_s16(x));
+    }
+    case KVA_FP8_E5M2: return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(kva__neon_u8x4(row, i), 8)));
+    case KVA_FP8_E4M3: {
+      uint16x4_t x = kva__neon_u8x4(row, i);
+      uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(x, vdup_n_u16(0x80)), 8),
+                              vshl_n_u16(vand_u16(x, vdup_n_u16(0x7f)), 7));
+      return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    }
+    default: return vld1q_f32((const float *)row + i);
+  }
 }
-KVA__FORCEINLINE float32x4_t kva__neon_load4_e5m2(const void *row, int i) {
-  return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(kva__neon_u8x4(row, i), 8)));
+
+/* Scores: one key per step against up to four query rows. */
+KVA__FORCEINLINE void kva__dot_tile_neon(const kva_dtype t, const float *const *q, const int nr,
+                                         const void *const *krows, int nk, int d, float *scores, int lds,
+                                         float fp8_scale, const kva__next_tile *next) {
+  const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0];
+  int j, i, r;
+  for (j = 0; j < nk; j++) {
+    const void *k = krows[j];
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    float s[4];
+    kva__prefetch_next(next, j);
+    for (i = 0; i + 4 <= d; i += 4) {
+      float32x4_t kv = kva__load4_neon(t, k, i);
+      a0 = vfmaq_f32(a0, vld1q_f32(q0 + i), kv);
+      if (nr > 1) a1 = vfmaq_f32(a1, vld1q_f32(q1 + i), kv);
+      if (nr > 2) a2 = vfmaq_f32(a2, vld1q_f32(q2 + i), kv);
+      if (nr > 3) a3 = vfmaq_f32(a3, vld1q_f32(q3 + i), kv);
+    }
+    s[0] = vaddvq_f32(a0);
+    s[1] = vaddvq_f32(a1);
+    s[2] = vaddvq_f32(a2);
+    s[3] = vaddvq_f32(a3);
+    for (; i < d; i++) {
+      float kf = kva__load1(t, k, i);
+      s[0] += q0[i] * kf;
+      if (nr > 1) s[1] += q1[i] * kf;
+      if (nr > 2) s[2] += q2[i] * kf;
+      if (nr > 3) s[3] += q3[i] * kf;
+    }
+    if (kva__is_scaled(t)) {
+      float ks = kva__row_scale(t, k, fp8_scale);
+      for (r = 0; r < nr; r++) s[r] *= ks;
+    }
+    for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];
+  }
 }
-KVA__FORCEINLINE float32x4_t kva__neon_load4_e4m3(const void *row, int i) {
-  uint16x4_t x = kva__neon_u8x4(row, i);
-  uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(x, vdup_n_u16(0x80)), 8), vshl_n_u16(vand_u16(x, vdup_n_u16(0x7f)), 7));
-  return vcvt_f32_f16(vreinterpret_f16_u16(h));
-}
-#define KVA__NEON_LOAD4_i8(row, i) kva__neon_load4_i8((row), (i))
-#define KVA__NEON_LOAD4_e5m2(row, i) kva__neon_load4_e5m2((row), (i))
-#define KVA__NEON_LOAD4_e4m3(row, i) kva__neon_load4_e4m3((row), (i))
 
 /* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4); 32 NEON
    registers hold them, the values and the scalars */
 #define KVA__V128_INIT(r, c) float32x4_t a##r##c = nr > r && nv > c ? vld1q_f32(acc[r] + i + 4 * c) : z;
-#define KVA__V128_FMA(r, c) \
-  if (nr > r && nv > c) a##r##c = vfmaq_n_f32(a##r##c, v##c, p##r);
-#define KVA__V128_STORE(r, c) \
-  if (nr > r && nv > c) vst1q_f32(acc[r] + i + 4 * c, a##r##c);
+#define KVA__V128_FMA(r, c) if (nr > r && nv > c) a##r##c = vfmaq_n_f32(a##r##c, v##c, p##r);
+#define KVA__V128_STORE(r, c) if (nr > r && nv > c) vst1q_f32(acc[r] + i + 4 * c, a##r##c);
 
-#define KVA__DEFINE_NEON_KERNELS(dt)                                                            \
-  KVA__FORCEINLINE void kva__dot_tile_##dt##_neon_nr(const float *const *q, const int nr,       \
-                                                      const void *const *krows, int nk, int d,  \
-                                                      float *scores, int lds, float cs,          \
-                                                      const kva__ahead *ahead) {                 \
-    int j, i, r;                                                                                \
-    const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
-    for (j = 0; j < nk; j++) {                                                                  \
-      const void *k = krows[j];                                                                 \
-      kva__prefetch_ahead(ahead, j);                                                            \
-      float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;                            \
-      float s[4];                                                                               \
-      for (i = 0; i + 4 <= d; i += 4) {                                                         \
-        float32x4_t kv = KVA__NEON_LOAD4_##dt(k, i);                                            \
-        a0 = vfmaq_f32(a0, vld1q_f32(q0 + i), kv);                                              \
-        if (nr > 1) a1 = vfmaq_f32(a1, vld1q_f32(q1 + i), kv);                                  \
-        if (nr > 2) a2 = vfmaq_f32(a2, vld1q_f32(q2 + i), kv);                                  \
-        if (nr > 3) a3 = vfmaq_f32(a3, vld1q_f32(q3 + i), kv);                                  \
-      }                                                                                         \
-      s[0] = vaddvq_f32(a0); s[1] = vaddvq_f32(a1); s[2] = vaddvq_f32(a2); s[3] = vaddvq_f32(a3); \
-      for (; i < d; i++) {                                                                      \
-        float kf = kva__load1_##dt(k, i);                                                       \
-        s[0] += q0[i] * kf;                                                                     \
-        if (nr > 1) s[1] += q1[i] * kf;                                                         \
-        if (nr > 2) s[2] += q2[i] * kf;                                                         \
-        if (nr > 3) s[3] += q3[i] * kf;                                                         \
-      }                                                                                         \
-      if (KVA__SCALED_##dt) {                                                                   \
-        float ks = kva__rowscale_##dt(k, d, cs);                                                \
-        for (r = 0; r < nr; r++) s[r] *= ks;                                                    \
-      }                                                                                         \
-      for (r = 0; r < nr; r++) scores[r * lds + j] = s[r];                                      \
-    }                                                                                           \
-  }                                                                                             \
-  static inline void kva__dot_tile_##dt##_neon(const float *const *q, int nr, const void *const *krows, \
-                                                int nk, int d, float *scores, int lds, float cs, \
-                                                const kva__ahead *ahead) {                       \
-    switch (nr) {                                                                               \
-      case 1: kva__dot_tile_##dt##_neon_nr(q, 1, krows, nk, d, scores, lds, cs, ahead); break;             \
-      case 2: kva__dot_tile_##dt##_neon_nr(q, 2, krows, nk, d, scores, lds, cs, ahead); break;             \
-      case 3: kva__dot_tile_##dt##_neon_nr(q, 3, krows, nk, d, scores, lds, cs, ahead); break;             \
-      default: kva__dot_tile_##dt##_neon_nr(q, 4, krows, nk, d, scores, lds, cs, ahead); break;            \
-    }                                                                                           \
-  }                                                                                             \
-  /* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows: 16 accumulators */   \
-  KVA__FORCEINLINE void kva__vacc_strip_##dt##_neon(float *const *acc, const int nr, const float *p, \
-                                                     int ldp, const void *const *vrows, int nk,  \
-                                                     int i, const int nv) {                     \
-    const float32x4_t z = vdupq_n_f32(0.0f);                                                    \
-    int j;                                                                                      \
-    KVA__EACH_4X4(KVA__V128_INIT)                                                              \
-    for (j = 0; j < nk; j++) {                                                                  \
-      const void *vr = vrows[j];                                                                \
-      float32x4_t v0 = KVA__NEON_LOAD4_##dt(vr, i);                                             \
-      float32x4_t v1 = nv > 1 ? KVA__NEON_LOAD4_##dt(vr, i + 4) : z;                           \
-      float32x4_t v2 = nv > 2 ? KVA__NEON_LOAD4_##dt(vr, i + 8) : z;                           \
-      float32x4_t v3 = nv > 3 ? KVA__NEON_LOAD4_##dt(vr, i + 12) : z;                          \
-      float p0 = p[j], p1 = nr > 1 ? p[ldp + j] : 0.0f;                                         \
-      float p2 = nr > 2 ? p[2 * ldp + j] : 0.0f, p3 = nr > 3 ? p[3 * ldp + j] : 0.0f;           \
-      KVA__EACH_4X4(KVA__V128_FMA)                                                             \
-    }                                                                                           \
-    KVA__EACH_4X4(KVA__V128_STORE)                                                             \
-  }                                                                                             \
-  KVA__FORCEINLINE void kva__vacc_tile_##dt##_neon_nr(float *const *acc, const int nr,          \
-                                                       const float *p, int ldp,                 \
-                                                       const void *const *vrows, int nk, int dv, float cs) { \
-    int j, i, r;                                                                                \
-    float pbuf[KVA__SCALED_##dt ? KVA__NR * KVA__TILE : 1];                                     \
-    KVA__SCALE_PROBS(dt, p, ldp, nr, vrows, nk, dv, cs, pbuf)                                   \
-    for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 4); \
-    if (dv - i >= 12) {                                                                         \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 3);                            \
-      i += 12;                                                                                  \
-    } else if (dv - i >= 8) {                                                                   \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 2);                            \
-      i += 8;                                                                                   \
-    } else if (dv - i >= 4) {                                                                   \
-      kva__vacc_strip_##dt##_neon(acc, nr, p, ldp, vrows, nk, i, 1);                            \
-      i += 4;                                                                                   \
-    }                                                                                           \
-    for (; i < dv; i++)                                                                         \
-      for (j = 0; j < nk; j++) {                                                                \
-        float vf = kva__load1_##dt(vrows[j], i);                                                \
-        for (r = 0; r < nr; r++) acc[r][i] += p[r * ldp + j] * vf;                              \
-      }                                                                                         \
-  }                                                                                             \
-  static inline void kva__vacc_tile_##dt##_neon(float *const *acc, int nr, const float *p, int ldp, \
-                                                 const void *const *vrows, int nk, int dv, float cs) { \
-    switch (nr) {                                                                               \
-      case 1: kva__vacc_tile_##dt##_neon_nr(acc, 1, p, ldp, vrows, nk, dv, cs); break;              \
-      case 2: kva__vacc_tile_##dt##_neon_nr(acc, 2, p, ldp, vrows, nk, dv, cs); break;              \
-      case 3: kva__vacc_tile_##dt##_neon_nr(acc, 3, p, ldp, vrows, nk, dv, cs); break;              \
-      default: kva__vacc_tile_##dt##_neon_nr(acc, 4, p, ldp, vrows, nk, dv, cs); break;             \
-    }                                                                                           \
+/* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows: 16 accumulators */
+KVA__FORCEINLINE void kva__vacc_strip_neon(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                           int ldp, const void *const *vrows, int nk, int i, const int nv) {
+  const float32x4_t z = vdupq_n_f32(0.0f);
+  int j;
+  KVA__EACH_4X4(KVA__V128_INIT)
+  for (j = 0; j < nk; j++) {
+    const void *vr = vrows[j];
+    float32x4_t v0 = kva__load4_neon(t, vr, i);
+    float32x4_t v1 = nv > 1 ? kva__load4_neon(t, vr, i + 4) : z;
+    float32x4_t v2 = nv > 2 ? kva__load4_neon(t, vr, i + 8) : z;
+    float32x4_t v3 = nv > 3 ? kva__load4_neon(t, vr, i + 12) : z;
+    float p0 = p[j], p1 = nr > 1 ? p[ldp + j] : 0.0f;
+    float p2 = nr > 2 ? p[2 * ldp + j] : 0.0f, p3 = nr > 3 ? p[3 * ldp + j] : 0.0f;
+    KVA__EACH_4X4(KVA__V128_FMA)
   }
-KVA__DEFINE_NEON_KERNELS(f32)
-KVA__DEFINE_NEON_KERNELS(f16)
-KVA__DEFINE_NEON_KERNELS(bf16)
-KVA__DEFINE_NEON_KERNELS(i8)
-KVA__DEFINE_NEON_KERNELS(e4m3)
-KVA__DEFINE_NEON_KERNELS(e5m2)
+  KVA__EACH_4X4(KVA__V128_STORE)
+}
+KVA__FORCEINLINE void kva__vacc_tile_neon(const kva_dtype t, float *const *acc, const int nr, const float *p,
+                                          int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
+  float pbuf[KVA__NR * KVA__TILE];
+  int j, i, r;
+  p = kva__scale_probs(t, p, &ldp, nr, vrows, nk, fp8_scale, pbuf);
+  for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 4);
+  if (dv - i >= 12) {
+    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 3);
+    i += 12;
+  } else if (dv - i >= 8) {
+    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 2);
+    i += 8;
+  } else if (dv - i >= 4) {
+    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 1);
+    i += 4;
+  }
+  for (; i < dv; i++)
+    for (j = 0; j < nk; j++) {
+      float vf = kva__load1(t, vrows[j], i);
+      for (r = 0; r < nr; r++) acc[r][i] += p[r * ldp + j] * vf;
+    }
+}
 
 /* Same algorithm as the AVX2 exp (see there). */
 static inline float kva__exp_sub_sum_neon(float *x, int n, float m) {
@@ -1521,40 +1444,84 @@ static inline void kva__fp8_encode_neon(uint8_t *dst, const float *src, size_t n
   }
   kva__fp8_encode_scalar(dst + i, src + i, n - i, mul, f);
 }
-#define KVA__ISA neon
+#endif /* NEON */
 
+/* ---- the selected kernels: name##_<isa> ---- */
+#if KVATTN_SIMD == KVA_SIMD_AVX512
+#define KVA__ISA avx512
+#elif KVATTN_SIMD == KVA_SIMD_AVX2
+#define KVA__ISA avx2
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+#define KVA__ISA neon
 #else
 #define KVA__ISA scalar
 #endif
-
-/* The selected kernels: name##_<isa>. */
 #define KVA__CAT3(a, b) a##b
 #define KVA__CAT2(a, b) KVA__CAT3(a, b)
 #define KVA__SEL(stem) KVA__CAT2(stem, KVA__ISA)
 
-/* Dispatch on the storage type once per tile. cs: the FP8 tensor scale. */
-static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
-                                 int d, float *scores, int lds, float cs, const kva__ahead *ahead) {
-  switch (t) {
-    case KVA_F32: KVA__SEL(kva__dot_tile_f32_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
-    case KVA_F16: KVA__SEL(kva__dot_tile_f16_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
-    case KVA_BF16: KVA__SEL(kva__dot_tile_bf16_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
-    case KVA_INT8: KVA__SEL(kva__dot_tile_i8_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
-    case KVA_FP8_E4M3: KVA__SEL(kva__dot_tile_e4m3_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
-    case KVA_FP8_E5M2: KVA__SEL(kva__dot_tile_e5m2_)(q, nr, krows, nk, d, scores, lds, cs, ahead); break;
-    default: KVATTN_ASSERT(0); break;
+/* The row-count dispatchers: the selected kernel specialised for 1..4 rows. */
+KVA__FORCEINLINE void kva__dot_tile_rows(const kva_dtype t, const float *const *q, int nr, const void *const *krows,
+                                         int nk, int d, float *scores, int lds, float fp8_scale,
+                                         const kva__next_tile *next) {
+  switch (nr) {
+    case 1: KVA__SEL(kva__dot_tile_)(t, q, 1, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case 2: KVA__SEL(kva__dot_tile_)(t, q, 2, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case 3: KVA__SEL(kva__dot_tile_)(t, q, 3, krows, nk, d, scores, lds, fp8_scale, next); break;
+    default: KVA__SEL(kva__dot_tile_)(t, q, 4, krows, nk, d, scores, lds, fp8_scale, next); break;
+  }
+}
+KVA__FORCEINLINE void kva__vacc_tile_rows(const kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
+                                          const void *const *vrows, int nk, int dv, float fp8_scale) {
+  switch (nr) {
+    case 1: KVA__SEL(kva__vacc_tile_)(t, acc, 1, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case 2: KVA__SEL(kva__vacc_tile_)(t, acc, 2, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case 3: KVA__SEL(kva__vacc_tile_)(t, acc, 3, p, ldp, vrows, nk, dv, fp8_scale); break;
+    default: KVA__SEL(kva__vacc_tile_)(t, acc, 4, p, ldp, vrows, nk, dv, fp8_scale); break;
   }
 }
 
-static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
-                                  const void *const *vrows, int nk, int dv, float cs) {
+/* One entry point per storage type with the type constant (so a profile
+   names the type): kva__dot_tile_f16, kva__vacc_tile_f16, ... */
+#define KVA__TILE_KERNELS_FOR(stem, T)                                                                       \
+  static inline void kva__dot_tile_##stem(const float *const *q, int nr, const void *const *krows, int nk,    \
+                                          int d, float *scores, int lds, float fp8_scale,                     \
+                                          const kva__next_tile *next) {                                       \
+    kva__dot_tile_rows(T, q, nr, krows, nk, d, scores, lds, fp8_scale, next);                                 \
+  }                                                                                                          \
+  static inline void kva__vacc_tile_##stem(float *const *acc, int nr, const float *p, int ldp,                \
+                                           const void *const *vrows, int nk, int dv, float fp8_scale) {       \
+    kva__vacc_tile_rows(T, acc, nr, p, ldp, vrows, nk, dv, fp8_scale);                                        \
+  }
+KVA__TILE_KERNELS_FOR(f32, KVA_F32)
+KVA__TILE_KERNELS_FOR(f16, KVA_F16)
+KVA__TILE_KERNELS_FOR(bf16, KVA_BF16)
+KVA__TILE_KERNELS_FOR(i8, KVA_INT8)
+KVA__TILE_KERNELS_FOR(e4m3, KVA_FP8_E4M3)
+KVA__TILE_KERNELS_FOR(e5m2, KVA_FP8_E5M2)
+
+/* Dispatch on the storage type once per tile. */
+static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
+                                 int d, float *scores, int lds, float fp8_scale, const kva__next_tile *next) {
   switch (t) {
-    case KVA_F32: KVA__SEL(kva__vacc_tile_f32_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_F16: KVA__SEL(kva__vacc_tile_f16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_BF16: KVA__SEL(kva__vacc_tile_bf16_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_INT8: KVA__SEL(kva__vacc_tile_i8_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_FP8_E4M3: KVA__SEL(kva__vacc_tile_e4m3_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
-    case KVA_FP8_E5M2: KVA__SEL(kva__vacc_tile_e5m2_)(acc, nr, p, ldp, vrows, nk, dv, cs); break;
+    case KVA_F32: kva__dot_tile_f32(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_F16: kva__dot_tile_f16(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_BF16: kva__dot_tile_bf16(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_INT8: kva__dot_tile_i8(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_FP8_E4M3: kva__dot_tile_e4m3(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_FP8_E5M2: kva__dot_tile_e5m2(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
+                                  const void *const *vrows, int nk, int dv, float fp8_scale) {
+  switch (t) {
+    case KVA_F32: kva__vacc_tile_f32(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case KVA_F16: kva__vacc_tile_f16(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case KVA_BF16: kva__vacc_tile_bf16(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case KVA_INT8: kva__vacc_tile_i8(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case KVA_FP8_E4M3: kva__vacc_tile_e4m3(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case KVA_FP8_E5M2: kva__vacc_tile_e5m2(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1565,6 +1532,10 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
 #define kva__f32_to_f16_row KVA__SEL(kva__f32_to_f16_row_)
 #define kva__fp8_encode KVA__SEL(kva__fp8_encode_)
 
+/* ======================================================================
+   [5] quantization: FP8 bulk conversions and scale calibration, INT8 rows,
+       storing and loading one cache row
+   ====================================================================== */
 /* Bulk FP8 conversions: element for element what kva_f32_to_e4m3 (and the
    others) give, the encoders vectorised (they are the cache's store path). */
 KVA_API void kva_f32_to_e4m3_n(uint8_t *dst, const float *src, size_t n) {
@@ -1672,10 +1643,10 @@ static inline void kva__quantize_i8(int8_t *dst, const float *src, int n) {
 /* Stored rows start with INT8's scale; row pointers handed to kernels point at the codes. */
 static inline size_t kva__code_offset(kva_dtype t) { return t == KVA_INT8 ? sizeof(float) : 0; }
 
-/* Write one stored row (dst: its start) of n floats in type t; cs is the FP8 tensor scale
-   (stores fp8(x * (1/cs))). */
-static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int n, float cs) {
-  float inv = cs > 0.0f ? 1.0f / cs : 1.0f;
+/* Write one stored row (dst: its start) of n floats in type t; FP8 stores
+   fp8(x / fp8_scale). */
+static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int n, float fp8_scale) {
+  float inv = fp8_scale > 0.0f ? 1.0f / fp8_scale : 1.0f;
   uint8_t *b = (uint8_t *)dst;
   int i;
   switch (t) {
@@ -1690,26 +1661,26 @@ static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int 
 }
 
 /* Dequantize one stored row: exactly what the attention kernels see. */
-static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n, float cs) {
+static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n, float fp8_scale) {
   int i;
   float s;
   switch (t) {
     case KVA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case KVA_F16: for (i = 0; i < n; i++) dst[i] = kva__load1_f16(src, i); break;
-    case KVA_BF16: for (i = 0; i < n; i++) dst[i] = kva__load1_bf16(src, i); break;
+    case KVA_F16: for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_F16, src, i); break;
+    case KVA_BF16: for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_BF16, src, i); break;
     case KVA_INT8:
       src = (const int8_t *)src + sizeof(float);
-      s = kva__rowscale_i8(src, n, cs);
-      for (i = 0; i < n; i++) dst[i] = kva__load1_i8(src, i) * s;
+      s = kva__row_scale(KVA_INT8, src, fp8_scale);
+      for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_INT8, src, i) * s;
       break;
-    case KVA_FP8_E4M3: for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(((const uint8_t *)src)[i]) * cs; break;
-    case KVA_FP8_E5M2: for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(((const uint8_t *)src)[i]) * cs; break;
+    case KVA_FP8_E4M3: for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(((const uint8_t *)src)[i]) * fp8_scale; break;
+    case KVA_FP8_E5M2: for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(((const uint8_t *)src)[i]) * fp8_scale; break;
     default: KVATTN_ASSERT(0); break;
   }
 }
 
 /* ======================================================================
-   [5] attention core
+   [6] attention core
    One pass over a KV head's keys serves every query row of its group
    (row = query token x query head), in tiles of KVA__TILE keys with an
    online softmax. Accumulators live in the caller's output rows, so a
@@ -1720,7 +1691,7 @@ static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n
 typedef struct {
   int paged;                          /* 0: plain arrays, 1: block table */
   kva_dtype kt, vt;
-  float k_cs, v_cs;                   /* FP8 tensor scales */
+  float k_fp8_scale, v_fp8_scale;     /* FP8 tensor scales */
   /* plain arrays: token j of head g at base + (j*n_kv_heads + g) * row bytes */
   const unsigned char *k, *v;
   size_t k_tok_stride, v_tok_stride;  /* bytes from token j to j+1 */
@@ -1737,7 +1708,8 @@ typedef struct {
   int block_size, n_kv_heads;
 } kva__kv_view;
 
-/* Fill a tile: rows j0 .. j0+n-1 of KV head g; returns min/max position.
+/* Fill a tile: rows j0 .. j0+n-1 of KV head g, their positions in kpos and
+   the smallest and largest in *kmin, *kmax.
    With kpos NULL the positions are not read (the caller knows every key is
    visible) and the bounds are the view's: a paged tile's positions sit on
    their own line per block, and reading them cost a long decode a tenth. */
@@ -1783,7 +1755,7 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
 
 /* Every line of n rows at once: the first tile's V rows (they load while
    its scores are computed) and the tile after a skipped one. Later tiles
-   arrive through kva__ahead. */
+   arrive through kva__next_tile. */
 static inline void kva__prefetch_rows(const void *const *rows, int n, size_t row_bytes) {
   int j;
   for (j = 0; j < n; j++) kva__prefetch_span(rows[j], row_bytes);
@@ -1830,6 +1802,47 @@ static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int
    over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
    with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
    partial result). Query i sits at q_pos[i], or at q_base + i when q_pos is NULL. */
+/* H2O's bookkeeping after a pass over keys kv0..kv1 of KV head g: each
+   key's final probability (the pass's m and l), summed over the rows in row
+   order, is added to its slot's score. The scores are recomputed tile by
+   tile (the pass kept no probabilities); `scores` is the pass's tile buffer. */
+static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
+                                      const float *const *qr, const int32_t *qp, int nrows, const float *m,
+                                      const float *l, int read_pos, float *scores) {
+  const void *krows[KVA__TILE], *vrows[KVA__TILE];
+  int32_t kpos[KVA__TILE], kmin, kmax, qmin = INT32_MAX, qmax = INT32_MIN;
+  int j0, j, t, rb;
+  for (t = 0; t < nrows; t++) {
+    if (qp[t] < qmin) qmin = qp[t];
+    if (qp[t] > qmax) qmax = qp[t];
+  }
+  for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
+    int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible;
+    float colsum[KVA__TILE];
+    kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
+    if (kmin > qmax) continue;
+    for (rb = 0; rb < nrows; rb += KVA__NR) {
+      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_fp8_scale, NULL);
+    }
+    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
+    memset(colsum, 0, sizeof colsum);
+    for (t = 0; t < nrows; t++) {
+      float *s = scores + t * KVA__TILE, inv;
+      if (l[t] <= 0.0f) continue;
+      (void)kva__logits(P, s, nk, all_visible, qp[t], kpos);
+      (void)kva__exp_sub_sum(s, nk, m[t]);
+      inv = 1.0f / l[t];
+      for (j = 0; j < nk; j++) colsum[j] += s[j] * inv;
+    }
+    for (j = 0; j < nk; j++) {
+      int tk = j0 + j, bs = w->block_size;
+      w->key_scores[((size_t)w->table[tk / bs] * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs + (size_t)(tk % bs)] +=
+          colsum[j];
+    }
+  }
+}
+
 static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
                                     const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
                                     float *out, float *lse, int compact) {
@@ -1844,8 +1857,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
-  kva__ahead next; /* the next tile, prefetched by the first row block's score kernel */
-  int t, j0, j, rb, prefetch_next, read_pos;
+  kva__next_tile next; /* the next tile, prefetched by the first row block's score kernel */
+  int t, j0, rb, prefetch_next, read_pos;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -1895,7 +1908,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     next.v_bytes = nn > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs,
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_fp8_scale,
                     rb == 0 ? &next : NULL);
     }
     for (t = 0; t < nrows; t++) {
@@ -1916,41 +1929,10 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     }
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_cs);
+      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_fp8_scale);
     }
   }
-  if (w->key_scores) { /* H2O: add each key's final probability, summed over the rows */
-    for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
-      int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE;
-      krows = krows_buf[0];
-      vrows = vrows_buf[0];
-      kpos = kpos_buf[0];
-      kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
-      if (kmin > qmax) continue;
-      for (rb = 0; rb < nrows; rb += KVA__NR) {
-        int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-        kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_cs, NULL);
-      }
-      { /* each row's final probabilities (vector exp), summed per key in row order */
-        float colsum[KVA__TILE];
-        int all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
-        memset(colsum, 0, sizeof colsum);
-        for (t = 0; t < nrows; t++) {
-          float *s = scores + t * KVA__TILE, inv;
-          if (l[t] <= 0.0f) continue;
-          (void)kva__logits(P, s, nk, all_visible, qp[t], kpos);
-          (void)kva__exp_sub_sum(s, nk, m[t]);
-          inv = 1.0f / l[t];
-          for (j = 0; j < nk; j++) colsum[j] += s[j] * inv;
-        }
-        for (j = 0; j < nk; j++) {
-          int tk = j0 + j, bs = w->block_size;
-          w->key_scores[((size_t)w->table[tk / bs] * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs +
-                        (size_t)(tk % bs)] += colsum[j];
-        }
-      }
-    }
-  }
+  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, nrows, m, l, read_pos, scores);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
     if (l[t] > 0.0f) (void)kva__scale_max(acc[t], P->DV, 1.0f / l[t]);
@@ -2188,7 +2170,7 @@ KVA_API kva_status kva_merge_lse(float *out, float *lse, const float *out_b, con
 }
 
 /* ======================================================================
-   [6] RoPE
+   [7] RoPE
    ====================================================================== */
 
 static inline kva_status kva__rope_check(const kva_rope *r, int head_dim, int *dim) {
@@ -2233,12 +2215,12 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
 }
 
 /* ======================================================================
-   [7] paged KV cache: block pool, sequences, eviction, prefix caching
+   [8] paged KV cache: block pool, sequences, eviction, prefix caching
    One pool per layer, indexed by block id; inside a layer's block:
      K [kv_head][slot][head_dim] | V [kv_head][slot][v_dim]
    (LATENT: only K; V is the first v_dim values of each K row).
    Positions live beside the blocks in `block_pos` [layer][block][kv_head][slot]
-   (per head, so eviction can later keep different tokens per head).
+   (per layer and head: H2O keeps different tokens in each, compacted).
    A sequence's block table lists its block ids in token order; the same id
    addresses every layer. Everything is allocated once, at create.
    ====================================================================== */
@@ -2291,6 +2273,7 @@ struct kva_cache {
   int n_free, n_cached, n_used, prefix_max_age;
   long append_counter, prefix_queries, prefix_hits, cow_copies, appends_failed, prefix_forgotten;
   kva__seq *seqs;           /* [max_seqs] */
+  int32_t *seq_tables;      /* [max_seqs][n_blocks] their block tables */
   size_t block_bytes, bytes_meta, alloc_bytes;
   void *(*alloc_fn)(size_t, size_t, void *);
   void (*free_fn)(void *, size_t, void *);
@@ -2345,6 +2328,25 @@ KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d) {
 
 static inline size_t kva__align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* Typed regions carved one after another out of one block of memory, each
+   64-byte aligned. A layout function runs twice: with base NULL it only
+   measures (every region comes back NULL), then with the allocated block it
+   hands out the same regions. */
+typedef struct {
+  unsigned char *base;
+  size_t size;     /* bytes carved so far */
+  int overflow;    /* a size did not fit in size_t */
+} kva__layout;
+static inline void *kva__carve(kva__layout *L, size_t count, size_t elem_bytes) {
+  size_t off = kva__align64(L->size), bytes = count * elem_bytes;
+  if (off < L->size || (elem_bytes && bytes / elem_bytes != count) || off + bytes < off) {
+    L->overflow = 1;
+    return NULL;
+  }
+  L->size = off + bytes;
+  return L->base ? L->base + off : NULL;
+}
+
 /* Intrusive circular doubly linked lists over block ids: O(1) push,
    pop and remove-from-middle. */
 #define KVA__FREE_LIST(c) ((c)->n_blocks)
@@ -2361,24 +2363,69 @@ static inline void kva__list_push_back(kva_cache *c, int list, int b) {
   c->blk[list].prev = b;
 }
 
+/* Bytes of one layer: a token's row of one head for K and V, and a block
+   (all heads, bs tokens: K, then V from a 64-byte boundary, the block
+   itself a multiple of 64 bytes). */
+typedef struct {
+  size_t k_row, v_row, v_off, block;
+} kva__layer_bytes;
+static inline kva__layer_bytes kva__layer_geometry(int kind, kva_dtype kt, kva_dtype vt, int D, int DV, int G,
+                                                   int bs) {
+  kva__layer_bytes b;
+  size_t slots = (size_t)G * (size_t)bs;
+  b.k_row = kva__row_bytes(kt, D);
+  b.v_row = kind == KVA_CACHE_KV ? kva__row_bytes(vt, DV) : b.k_row;
+  b.v_off = kind == KVA_CACHE_KV ? kva__align64(b.k_row * slots) : 0;
+  b.block = kind == KVA_CACHE_KV ? b.v_off + kva__align64(b.v_row * slots) : kva__align64(b.k_row * slots);
+  return b;
+}
+
+/* The cache's one allocation: the struct, per-layer tables, block and
+   sequence bookkeeping, then the pool (returned). */
+static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, size_t n_buckets) {
+  size_t layers = (size_t)c->n_layers, blocks = (size_t)c->n_blocks, slots = blocks * (size_t)c->bs;
+  kva__carve(L, 1, sizeof(kva_cache));
+  c->kt = (kva_dtype *)kva__carve(L, layers, sizeof(kva_dtype));
+  c->vt = (kva_dtype *)kva__carve(L, layers, sizeof(kva_dtype));
+  c->k_row = (size_t *)kva__carve(L, layers, sizeof(size_t));
+  c->v_row = (size_t *)kva__carve(L, layers, sizeof(size_t));
+  c->v_off = (size_t *)kva__carve(L, layers, sizeof(size_t));
+  c->layer_block = (size_t *)kva__carve(L, layers, sizeof(size_t));
+  c->pool = (unsigned char **)kva__carve(L, layers, sizeof(unsigned char *));
+  c->block_pos = (int32_t *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(int32_t));
+  c->block_score = (float *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(float));
+  c->victims = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
+  c->victim_flag = (unsigned char *)kva__carve(L, slots, 1);
+  c->blk = (kva__block *)kva__carve(L, blocks + 2, sizeof(kva__block));
+  c->blk_tokens = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
+  c->buckets = (int32_t *)kva__carve(L, n_buckets, sizeof(int32_t));
+  c->seqs = (kva__seq *)kva__carve(L, (size_t)c->max_seqs, sizeof(kva__seq));
+  c->seq_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * blocks, sizeof(int32_t));
+  return (unsigned char *)kva__carve(L, blocks, c->block_bytes);
+}
+
 KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
-  kva_cache *c;
+  kva_cache shape, *c;
+  kva__layout L;
   void *allocated; /* what free_fn / KVATTN_FREE gets back */
-  size_t block_bytes = 0, off, total, pos_bytes;
-  size_t o_score, o_vict, o_vflag;
-  size_t o_kt, o_vt, o_krow, o_vrow, o_voff, o_lb, o_pool, o_pos, o_blk, o_tok, o_bkt, o_seqs, o_tables, o_data;
-  size_t n_buckets = 1;
-  int l, i, bs, n_blocks, max_seqs;
-  unsigned char *raw;
+  size_t n_buckets = 1, data;
+  int l, i;
+  unsigned char *raw, *pool;
   if (!out || !kva__desc_shape_ok(d)) return KVA_ERR_ARG;
   if (d->block_size < 0 || d->n_blocks < 0 || d->max_seqs < 0 || d->prefix_max_age < 0) return KVA_ERR_ARG;
   if ((d->alloc_fn == NULL) != (d->free_fn == NULL)) return KVA_ERR_ARG;
   if (d->n_blocks == 0 && d->max_bytes == 0) return KVA_ERR_ARG;
-  bs = d->block_size ? d->block_size : 16;
-  max_seqs = d->max_seqs ? d->max_seqs : 256;
-  if (bs > (1 << 20) || max_seqs > (1 << 20)) return KVA_ERR_ARG;
-  for (l = 0; l < d->n_layers; l++) {
-    kva_dtype kt = KVA_F16, vt = KVA_F16;
+  memset(&shape, 0, sizeof shape);
+  shape.kind = (kva_cache_kind)d->kind;
+  shape.n_layers = d->n_layers;
+  shape.G = d->n_kv_heads;
+  shape.D = d->head_dim;
+  shape.DV = d->v_dim ? d->v_dim : d->head_dim;
+  shape.bs = d->block_size ? d->block_size : 16;
+  shape.max_seqs = d->max_seqs ? d->max_seqs : 256;
+  if (shape.bs > (1 << 20) || shape.max_seqs > (1 << 20)) return KVA_ERR_ARG;
+  for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
+    kva_dtype kt, vt;
     if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
     if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
     if (d->kind == KVA_CACHE_KV && (vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f))
@@ -2387,114 +2434,63 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     if ((kt == KVA_FP8_E4M3 && d->k_scale > FLT_MAX / 512.0f) ||
         (d->kind == KVA_CACHE_KV && vt == KVA_FP8_E4M3 && d->v_scale > FLT_MAX / 512.0f))
       return KVA_ERR_UNSUPPORTED;
+    shape.block_bytes += kva__layer_geometry(d->kind, kt, vt, shape.D, shape.DV, shape.G, shape.bs).block;
   }
-
-  /* per-layer block sizes, each layer's block 64-byte aligned */
-  for (l = 0; l < d->n_layers; l++) {
-    kva_dtype kt = KVA_F16, vt = KVA_F16;
-    size_t kb, vb;
-    kva__layer_types(d, l, &kt, &vt);
-    kb = kva__row_bytes(kt, d->head_dim) * (size_t)d->n_kv_heads * (size_t)bs;
-    vb = d->kind == KVA_CACHE_KV ? kva__row_bytes(vt, d->v_dim ? d->v_dim : d->head_dim) *
-                                       (size_t)d->n_kv_heads * (size_t)bs
-                                 : 0;
-    block_bytes += kva__align64(kb) + kva__align64(vb); /* V starts aligned, whatever K's row size */
-  }
-  if (d->n_blocks) n_blocks = d->n_blocks;
+  if (d->n_blocks) shape.n_blocks = d->n_blocks;
   else {
-    size_t nb = d->max_bytes / block_bytes;
+    size_t nb = d->max_bytes / shape.block_bytes;
     if (nb == 0) return KVA_ERR_ARG; /* max_bytes holds not even one block */
-    n_blocks = nb > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)nb;
+    shape.n_blocks = nb > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)nb;
   }
-  if ((size_t)n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
-  if (block_bytes > ((size_t)-1) / 4 / (size_t)n_blocks) return KVA_ERR_NOMEM;
+  if ((size_t)shape.n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
+  if (shape.block_bytes > ((size_t)-1) / 4 / (size_t)shape.n_blocks) return KVA_ERR_NOMEM;
+  while (n_buckets < (size_t)shape.n_blocks) n_buckets <<= 1;
 
-  /* carve everything out of one allocation */
-  off = kva__align64(sizeof(kva_cache));
-  o_kt = off; off = kva__align64(off + sizeof(kva_dtype) * (size_t)d->n_layers);
-  o_vt = off; off = kva__align64(off + sizeof(kva_dtype) * (size_t)d->n_layers);
-  o_krow = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
-  o_vrow = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
-  o_voff = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
-  o_lb = off; off = kva__align64(off + sizeof(size_t) * (size_t)d->n_layers);
-  o_pool = off; off = kva__align64(off + sizeof(unsigned char *) * (size_t)d->n_layers);
-  pos_bytes = sizeof(int32_t) * (size_t)d->n_layers * (size_t)n_blocks * (size_t)d->n_kv_heads * (size_t)bs;
-  o_pos = off; off = kva__align64(off + pos_bytes);
-  o_score = off; off = kva__align64(off + pos_bytes);
-  o_vict = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
-  o_vflag = off; off = kva__align64(off + (size_t)n_blocks * (size_t)bs);
-  while (n_buckets < (size_t)n_blocks) n_buckets <<= 1;
-  o_blk = off; off = kva__align64(off + sizeof(kva__block) * ((size_t)n_blocks + 2));
-  o_tok = off; off = kva__align64(off + sizeof(int32_t) * (size_t)n_blocks * (size_t)bs);
-  o_bkt = off; off = kva__align64(off + sizeof(int32_t) * n_buckets);
-  o_seqs = off; off = kva__align64(off + sizeof(kva__seq) * (size_t)max_seqs);
-  o_tables = off; off = kva__align64(off + sizeof(int32_t) * (size_t)max_seqs * (size_t)n_blocks);
-  o_data = off;
-  total = o_data + block_bytes * (size_t)n_blocks;
-  if (total < o_data) return KVA_ERR_NOMEM;
-
-  if (d->alloc_fn) allocated = raw = (unsigned char *)d->alloc_fn(total, 64, d->user);
+  L.base = NULL, L.size = 0, L.overflow = 0;
+  kva__cache_layout(&L, &shape, n_buckets);
+  if (L.overflow) return KVA_ERR_NOMEM;
+  if (d->alloc_fn) allocated = raw = (unsigned char *)d->alloc_fn(L.size, 64, d->user);
   else { /* malloc promises less than 64-byte alignment: align by hand */
-    unsigned char *r = (unsigned char *)KVATTN_MALLOC(total + 64);
+    unsigned char *r = (unsigned char *)KVATTN_MALLOC(L.size + 64);
     allocated = r;
     raw = r ? r + (64 - ((uintptr_t)r & 63)) : NULL;
   }
   if (!raw) return KVA_ERR_NOMEM;
-  memset(raw, 0, o_data); /* bookkeeping only: block data is zeroed as slots are appended */
   c = (kva_cache *)raw;
+  *c = shape;
+  data = L.size - shape.block_bytes * (size_t)shape.n_blocks;
+  /* bookkeeping only: block data is zeroed as slots are appended */
+  memset(raw + sizeof(kva_cache), 0, data - sizeof(kva_cache));
+  L.base = raw, L.size = 0;
+  pool = kva__cache_layout(&L, c, n_buckets);
   c->raw = allocated;
   c->alloc_fn = d->alloc_fn;
   c->free_fn = d->free_fn;
   c->user = d->user;
-  c->alloc_bytes = total;
-  c->kind = (kva_cache_kind)d->kind;
-  c->n_layers = d->n_layers;
-  c->G = d->n_kv_heads;
-  c->D = d->head_dim;
-  c->DV = d->v_dim ? d->v_dim : d->head_dim;
-  c->bs = bs;
+  c->alloc_bytes = L.size;
+  c->bytes_meta = data;
   c->k_scale = d->k_scale;
   c->v_scale = d->v_scale;
-  c->n_blocks = n_blocks;
-  c->max_seqs = max_seqs;
-  c->max_table = n_blocks;
-  c->kt = (kva_dtype *)(raw + o_kt);
-  c->vt = (kva_dtype *)(raw + o_vt);
-  c->k_row = (size_t *)(raw + o_krow);
-  c->v_row = (size_t *)(raw + o_vrow);
-  c->v_off = (size_t *)(raw + o_voff);
-  c->layer_block = (size_t *)(raw + o_lb);
-  c->pool = (unsigned char **)(raw + o_pool);
-  c->block_pos = (int32_t *)(raw + o_pos);
-  c->block_score = (float *)(raw + o_score);
-  c->victims = (int32_t *)(raw + o_vict);
-  c->victim_flag = raw + o_vflag;
-  c->blk = (kva__block *)(raw + o_blk);
-  c->blk_tokens = (int32_t *)(raw + o_tok);
-  c->buckets = (int32_t *)(raw + o_bkt);
+  c->max_table = c->n_blocks;
   c->bucket_mask = (uint64_t)n_buckets - 1;
   c->prefix_max_age = d->prefix_max_age;
   for (i = 0; i < (int)n_buckets; i++) c->buckets[i] = -1;
-  c->seqs = (kva__seq *)(raw + o_seqs);
-  off = o_data;
-  for (l = 0; l < d->n_layers; l++) {
-    kva__layer_types(d, l, &c->kt[l], &c->vt[l]);
-    c->k_row[l] = kva__row_bytes(c->kt[l], c->D);
-    c->v_row[l] = c->kind == KVA_CACHE_KV ? kva__row_bytes(c->vt[l], c->DV) : c->k_row[l];
-    c->v_off[l] = c->kind == KVA_CACHE_KV ? kva__align64(c->k_row[l] * (size_t)c->G * (size_t)bs) : 0;
-    c->layer_block[l] = c->kind == KVA_CACHE_KV
-                            ? c->v_off[l] + kva__align64(c->v_row[l] * (size_t)c->G * (size_t)bs)
-                            : kva__align64(c->k_row[l] * (size_t)c->G * (size_t)bs);
-    c->pool[l] = raw + off;
-    off += c->layer_block[l] * (size_t)n_blocks;
+  for (l = 0; l < c->n_layers; l++) {
+    kva__layer_bytes b;
+    kva__layer_types(d, l, &c->kt[l], &c->vt[l]); /* validated above */
+    b = kva__layer_geometry(c->kind, c->kt[l], c->vt[l], c->D, c->DV, c->G, c->bs);
+    c->k_row[l] = b.k_row;
+    c->v_row[l] = b.v_row;
+    c->v_off[l] = b.v_off;
+    c->layer_block[l] = b.block;
+    c->pool[l] = pool;
+    pool += c->layer_block[l] * (size_t)c->n_blocks;
   }
-  c->block_bytes = block_bytes;
-  c->bytes_meta = o_data;
-  for (i = 0; i < max_seqs; i++) c->seqs[i].table = (int32_t *)(raw + o_tables) + (size_t)i * (size_t)n_blocks;
-  for (i = 0; i < n_blocks; i++) c->blk[i].first_child = -1;
-  for (i = n_blocks; i < n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
-  for (i = 0; i < n_blocks; i++) kva__list_push_back(c, KVA__FREE_LIST(c), i);
-  c->n_free = n_blocks;
+  for (i = 0; i < c->max_seqs; i++) c->seqs[i].table = c->seq_tables + (size_t)i * (size_t)c->n_blocks;
+  for (i = 0; i < c->n_blocks; i++) c->blk[i].first_child = -1;
+  for (i = c->n_blocks; i < c->n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
+  for (i = 0; i < c->n_blocks; i++) kva__list_push_back(c, KVA__FREE_LIST(c), i);
+  c->n_free = c->n_blocks;
   *out = c;
   return KVA_OK;
 }
@@ -3081,7 +3077,7 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
 }
 
 /* ======================================================================
-   [8] cache store / attend / read, batched attention
+   [9] cache store / attend / read, batched attention
    ====================================================================== */
 
 /* Write K (and V) of the newest n_tokens slots of `layer`.
@@ -3117,8 +3113,8 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->vt = c->kind == KVA_CACHE_KV ? c->vt[layer] : c->kt[layer];
   w->k_code_off = kva__code_offset(w->kt);
   w->v_code_off = kva__code_offset(w->vt);
-  w->k_cs = c->k_scale;
-  w->v_cs = c->kind == KVA_CACHE_KV ? c->v_scale : c->k_scale;
+  w->k_fp8_scale = c->k_scale;
+  w->v_fp8_scale = c->kind == KVA_CACHE_KV ? c->v_scale : c->k_scale;
   w->pool = c->pool[layer];
   w->block_bytes = c->layer_block[layer];
   w->v_off = c->v_off[layer];
@@ -3237,13 +3233,33 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
   }
 }
 
+/* A plan's one block: the struct, then its per-sequence, per-unit and
+   per-merge arrays and the split-K partials. */
+static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, int n_units, int n_merges,
+                                     size_t part_floats) {
+  size_t seqs = (size_t)n_seqs, merges = (size_t)n_merges;
+  kva__carve(L, 1, sizeof(kva_batch));
+  b->views = (kva__kv_view *)kva__carve(L, seqs, sizeof(kva__kv_view));
+  b->units = (kva__unit *)kva__carve(L, (size_t)n_units, sizeof(kva__unit));
+  b->seq_id = (int *)kva__carve(L, seqs, sizeof(int));
+  b->n_q = (int *)kva__carve(L, seqs, sizeof(int));
+  b->len = (int *)kva__carve(L, seqs, sizeof(int));
+  b->pos = (int *)kva__carve(L, seqs, sizeof(int));
+  b->evict_kind = (int *)kva__carve(L, seqs, sizeof(int));
+  b->q_row = (int *)kva__carve(L, seqs, sizeof(int));
+  b->merge_unit = (int *)kva__carve(L, merges, sizeof(int));
+  b->merge_splits = (int *)kva__carve(L, merges, sizeof(int));
+  b->parts = (float *)kva__carve(L, part_floats, sizeof(float));
+}
+
 KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
                                   kva_batch **plan) {
   kva__attn_params P;
-  size_t bytes, part = 0;
+  kva__layout L;
+  size_t part = 0;
   int i, n_units = 0, n_parts = 0, n_merges = 0, items_total = 0, rows_total = 0, u, pi, mi;
   unsigned char *mem;
-  kva_batch *b;
+  kva_batch *b, sizing;
   if (!plan) return KVA_ERR_ARG;
   *plan = NULL;
   if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q))) return KVA_ERR_ARG;
@@ -3263,32 +3279,18 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
   for (i = 0; i < n_seqs; i++) /* count units, split parts and merges */
     kva__plan_seq(NULL, &P, kva__seq_get(c, seqs[i]), i, n_q[i], items_total, &n_units, &n_parts, &n_merges);
   part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
-  bytes = sizeof(kva_batch) + (size_t)n_seqs * (6 * sizeof(int) + sizeof(kva__kv_view)) +
-          (size_t)n_merges * 2 * sizeof(int) + (size_t)n_units * sizeof(kva__unit) + 64 +
-          (size_t)n_parts * part * sizeof(float);
-  mem = (unsigned char *)(c->alloc_fn ? c->alloc_fn(bytes, 64, c->user) : KVATTN_MALLOC(bytes));
+  L.base = NULL, L.size = 0, L.overflow = 0;
+  kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part);
+  if (L.overflow) return KVA_ERR_NOMEM;
+  mem = (unsigned char *)(c->alloc_fn ? c->alloc_fn(L.size, 64, c->user) : KVATTN_MALLOC(L.size));
   if (!mem) return KVA_ERR_NOMEM;
   b = (kva_batch *)mem;
   memset(b, 0, sizeof *b);
-  b->bytes = bytes;
+  L.base = mem, L.size = 0;
+  kva__batch_layout(&L, b, n_seqs, n_units, n_merges, (size_t)n_parts * part);
+  b->bytes = L.size;
   b->free_fn = c->alloc_fn ? c->free_fn : NULL;
   b->user = c->user;
-  mem += sizeof *b;
-  b->views = (kva__kv_view *)mem;
-  mem += (size_t)n_seqs * sizeof(kva__kv_view);
-  b->units = (kva__unit *)mem;
-  mem += (size_t)n_units * sizeof(kva__unit);
-  b->seq_id = (int *)mem;
-  b->n_q = b->seq_id + n_seqs;
-  b->len = b->n_q + n_seqs;
-  b->pos = b->len + n_seqs;
-  b->evict_kind = b->pos + n_seqs;
-  b->q_row = b->evict_kind + n_seqs;
-  b->merge_unit = b->q_row + n_seqs;
-  b->merge_splits = b->merge_unit + n_merges;
-  mem = (unsigned char *)(b->merge_splits + n_merges);
-  mem += (64 - (size_t)((uintptr_t)mem % 64)) % 64;
-  b->parts = (float *)mem;
   b->P = P;
   b->n_threads = a->n_threads;
   b->n_seqs = n_seqs;
@@ -3404,7 +3406,7 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
 }
 
 /* ======================================================================
-   [9] layers: GQA forward (MHA: G == H, MQA: G == 1)
+   [10] layers: GQA forward (MHA: G == H, MQA: G == 1)
    ====================================================================== */
 
 
@@ -3495,7 +3497,7 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
 
 
 /* ======================================================================
-   [9b] layers: MLA (DeepSeek-V2/V3 multi-head latent attention)
+   [10b] layers: MLA (DeepSeek-V2/V3 multi-head latent attention)
    The cache is KVA_CACHE_LATENT, n_kv_heads 1, head_dim d_latent + d_rope,
    v_dim d_latent: per token the RMS-normalised latent c_kv followed by the
    shared, rotated rope key k_pe. Absorbed attention (the default) is MQA
@@ -3539,38 +3541,142 @@ static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache 
   return KVA_OK;
 }
 
-/* Floats of kva_mla_forward's temporaries for n new tokens of a sequence
-   holding len (the naive path rebuilds every head's K and V over len). */
-static inline size_t kva__mla_floats(const kva_mla_layer *L, size_t n, size_t len) {
-  size_t H = (size_t)L->n_heads, dl = (size_t)L->d_latent, dr = (size_t)L->d_rope, dv = (size_t)L->d_v;
-  size_t dq = (size_t)L->d_nope + dr;         /* per-head query width */
-  size_t dk = L->naive ? dq : dl + dr;        /* per-head attention key width */
-  size_t need = n * H * dq                    /* q */
-              + n * (dl + dr)                 /* latent rows to store */
-              + n * (size_t)L->q_lora_rank    /* q compression */
-              + n * H * dk                    /* attention queries */
-              + n * H * (L->naive ? dv : dl)  /* attention output */
-              + n * H * dv;                   /* per-head values */
-  if (L->naive) need += len * H * (dq + dv) + (dl + dr) + n * H;
-  return need;
+/* kva_mla_forward's temporaries for n new tokens of a sequence that then
+   holds len tokens. Widths: a head's query is d_nope + d_rope values (no
+   position part, then the rotated part), a latent row d_latent + d_rope. */
+typedef struct {
+  float *q;        /* [n][H][d_nope + d_rope] the queries */
+  float *latent;   /* [n][d_latent + d_rope] the new latent rows (c_kv | k_pe) */
+  float *q_lora;   /* [n][q_lora_rank] compressed queries (q_lora_rank > 0) */
+  float *q_absorbed; /* absorbed: [n][H][d_latent + d_rope] the queries against the latent cache */
+  float *o_latent; /* absorbed: [n][H][d_latent] attention output, before W_UV */
+  float *o;        /* [n][H][d_v] the heads' outputs */
+  float *K, *V;    /* naive: [len][H][d_nope + d_rope], [len][H][d_v] every head's rebuilt K and V */
+  float *row;      /* naive: [d_latent + d_rope] one latent row read back */
+  float *lse;      /* naive: [n][H] */
+  int32_t *pos;    /* [n] the new tokens' positions */
+  int32_t *kpos;   /* naive: [len] the keys' positions */
+} kva__mla_scratch;
+static inline void kva__mla_layout(kva__layout *Lo, kva__mla_scratch *w, const kva_mla_layer *L, size_t n,
+                                   size_t len) {
+  size_t H = (size_t)L->n_heads, q_width = (size_t)(L->d_nope + L->d_rope);
+  size_t latent_width = (size_t)(L->d_latent + L->d_rope);
+  memset(w, 0, sizeof *w);
+  w->q = (float *)kva__carve(Lo, n * H * q_width, sizeof(float));
+  w->latent = (float *)kva__carve(Lo, n * latent_width, sizeof(float));
+  w->q_lora = (float *)kva__carve(Lo, n * (size_t)L->q_lora_rank, sizeof(float));
+  w->o = (float *)kva__carve(Lo, n * H * (size_t)L->d_v, sizeof(float));
+  w->pos = (int32_t *)kva__carve(Lo, n, sizeof(int32_t));
+  if (!L->naive) {
+    w->q_absorbed = (float *)kva__carve(Lo, n * H * latent_width, sizeof(float));
+    w->o_latent = (float *)kva__carve(Lo, n * H * (size_t)L->d_latent, sizeof(float));
+  } else {
+    w->K = (float *)kva__carve(Lo, len * H * q_width, sizeof(float));
+    w->V = (float *)kva__carve(Lo, len * H * (size_t)L->d_v, sizeof(float));
+    w->row = (float *)kva__carve(Lo, latent_width, sizeof(float));
+    w->lse = (float *)kva__carve(Lo, n * H, sizeof(float));
+    w->kpos = (int32_t *)kva__carve(Lo, len, sizeof(int32_t));
+  }
 }
 
-/* the floats above, then positions of the new tokens and (naive) of the keys */
 KVA_API size_t kva_mla_workspace_bytes(const kva_mla_layer *L, int n_tokens, int seq_len) {
+  kva__layout Lo = {NULL, 0, 0};
+  kva__mla_scratch w;
   if (!L || n_tokens < 0 || seq_len < 0 || L->n_heads <= 0 || L->d_latent <= 0 || L->d_nope <= 0 || L->d_rope < 0 ||
       L->d_v <= 0 || L->q_lora_rank < 0)
     return 0;
-  return kva__mla_floats(L, (size_t)n_tokens, (size_t)seq_len) * sizeof(float) +
-         ((size_t)n_tokens + (size_t)seq_len + 1) * sizeof(int32_t);
+  kva__mla_layout(&Lo, &w, L, (size_t)n_tokens, (size_t)seq_len);
+  return Lo.overflow ? 0 : Lo.size;
+}
+
+/* Absorbed decode: each head's query is turned into the latent space
+   (q_lat[h] = W_UK[h]^T q_nope[h], then its rope part), attends the latent
+   cache as one MQA head group (K = the whole row, V = its c_kv prefix), and
+   W_UV[h] turns the result into the head's output. b_uk shifts all scores
+   of a row equally: it cancels. */
+static inline kva_status kva__mla_attend_absorbed(const kva_mla_layer *L, kva_cache *c, int seq, int layer,
+                                                  int n_tokens, float scale, const kva__mla_scratch *w) {
+  int H = L->n_heads, d_latent = L->d_latent, d_nope = L->d_nope, d_rope = L->d_rope, d_v = L->d_v;
+  int q_width = d_nope + d_rope, latent_width = d_latent + d_rope, t, h, i, j;
+  kva_attn a;
+  kva_status st;
+  for (t = 0; t < n_tokens; t++)
+    for (h = 0; h < H; h++) {
+      const float *qn = w->q + ((size_t)t * (size_t)H + (size_t)h) * (size_t)q_width;
+      float *qo = w->q_absorbed + ((size_t)t * (size_t)H + (size_t)h) * (size_t)latent_width;
+      memset(qo, 0, (size_t)d_latent * sizeof(float));
+      for (i = 0; i < d_nope; i++) {
+        const float *uk = L->w_uk + ((size_t)h * (size_t)d_nope + (size_t)i) * (size_t)d_latent;
+        float qi = qn[i];
+        for (j = 0; j < d_latent; j++) qo[j] += qi * uk[j];
+      }
+      memcpy(qo + d_latent, qn + d_nope, (size_t)d_rope * sizeof(float));
+    }
+  memset(&a, 0, sizeof a);
+  a.n_heads = H; a.n_kv_heads = 1; a.head_dim = latent_width; a.v_dim = d_latent; a.scale = scale;
+  a.n_threads = L->n_threads;
+  st = kva_attend_cache(c, seq, layer, &a, w->q_absorbed, n_tokens, w->o_latent);
+  /* o[h] = W_UV[h] . (sum_t p c_t) + b_uv[h] */
+  for (t = 0; st == KVA_OK && t < n_tokens; t++)
+    for (h = 0; h < H; h++)
+      kva__linear(w->o_latent + ((size_t)t * (size_t)H + (size_t)h) * (size_t)d_latent, 1, d_latent,
+                  L->w_uv + (size_t)h * (size_t)d_v * (size_t)d_latent,
+                  L->b_uv ? L->b_uv + (size_t)h * (size_t)d_v : NULL, d_v,
+                  w->o + ((size_t)t * (size_t)H + (size_t)h) * (size_t)d_v, 1);
+  return st;
+}
+
+/* Naive (the reference path): rebuild every head's K [len][H][nope | rope]
+   and V [len][H][d_v] from the cached latents and attend them as MHA. With
+   H2O eviction it adds to each latent slot's score what the absorbed
+   path's kernel would add. */
+static inline kva_status kva__mla_attend_naive(const kva_mla_layer *L, kva_cache *c, kva__seq *s, int seq,
+                                               int layer, int n_tokens, float scale, const kva__mla_scratch *w) {
+  int H = L->n_heads, d_latent = L->d_latent, d_nope = L->d_nope, d_rope = L->d_rope, d_v = L->d_v;
+  int q_width = d_nope + d_rope, len = s->len, t, h, j;
+  kva_attn a;
+  kva_status st;
+  for (j = 0; j < len; j++) {
+    kva_seq_read(c, seq, layer, j, w->row, NULL, &w->kpos[j]);
+    for (h = 0; h < H; h++) {
+      float *kh = w->K + ((size_t)j * (size_t)H + (size_t)h) * (size_t)q_width;
+      kva__linear(w->row, 1, d_latent, L->w_uk + (size_t)h * (size_t)d_nope * (size_t)d_latent,
+                  L->b_uk ? L->b_uk + (size_t)h * (size_t)d_nope : NULL, d_nope, kh, 1);
+      memcpy(kh + d_nope, w->row + d_latent, (size_t)d_rope * sizeof(float));
+      kva__linear(w->row, 1, d_latent, L->w_uv + (size_t)h * (size_t)d_v * (size_t)d_latent,
+                  L->b_uv ? L->b_uv + (size_t)h * (size_t)d_v : NULL, d_v,
+                  w->V + ((size_t)j * (size_t)H + (size_t)h) * (size_t)d_v, 1);
+    }
+  }
+  memset(&a, 0, sizeof a);
+  a.n_heads = H; a.n_kv_heads = H; a.n_threads = L->n_threads;
+  a.head_dim = q_width; a.v_dim = d_v; a.scale = scale;
+  st = kva_attend(&a, w->q, n_tokens, w->pos, w->K, w->V, len, w->kpos, w->o, w->lse);
+  if (st == KVA_OK && s->evict.kind == KVA_EVICT_H2O)
+    for (j = 0; j < len; j++) {
+      int in_block;
+      int32_t b = kva__slot_block(c, s, j, &in_block);
+      float add = 0.0f;
+      for (t = 0; t < n_tokens; t++)
+        for (h = 0; h < H; h++) {
+          float lt = w->lse[(size_t)t * (size_t)H + (size_t)h];
+          const float *qh = w->q + ((size_t)t * (size_t)H + (size_t)h) * (size_t)q_width;
+          const float *kh = w->K + ((size_t)j * (size_t)H + (size_t)h) * (size_t)q_width;
+          if (w->kpos[j] <= w->pos[t] && lt > -INFINITY) add += expf(scale * kva__dot_f32(qh, kh, q_width) - lt);
+        }
+      *kva__score_ptr(c, layer, b, 0, in_block) += add;
+    }
+  return st;
 }
 
 KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq, int layer, const float *x,
                                    int n_tokens, float *y) {
   kva__seq *s;
-  int H, dl, dn, dr, dv, dq, dk, nt, t, h, i, j, len, owned;
-  float scale, *buf, *q, *lat, *qa = NULL, *qk, *ov, *o;
-  int32_t *pos;
-  size_t n, bytes;
+  kva__mla_scratch w;
+  kva__layout Lo = {NULL, 0, 0};
+  int H, d_latent, d_nope, d_rope, q_width, latent_width, nt, t, i, owned;
+  float scale, eps;
+  void *buf;
   kva_status st;
   if (kva__mla_check(L, c, layer) != KVA_OK || n_tokens < 0) return KVA_ERR_ARG;
   if (((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0) return KVA_ERR_ARG;
@@ -3580,126 +3686,58 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
 
-  H = L->n_heads; dl = L->d_latent; dn = L->d_nope; dr = L->d_rope; dv = L->d_v;
-  dq = dn + dr;                       /* per-head query width */
-  dk = L->naive ? dq : dl + dr;       /* per-head attention key width */
+  H = L->n_heads; d_latent = L->d_latent; d_nope = L->d_nope; d_rope = L->d_rope;
+  q_width = d_nope + d_rope;
+  latent_width = d_latent + d_rope;
   nt = L->n_threads;
-  len = s->len;
-  scale = L->scale != 0.0f ? L->scale : (float)(1.0 / sqrt((double)dq));
-  n = (size_t)n_tokens;
-  bytes = kva_mla_workspace_bytes(L, n_tokens, len);
-  buf = (float *)kva__tmp_take(c, L->workspace, L->workspace_bytes, bytes, &owned);
+  eps = L->norm_eps > 0.0f ? L->norm_eps : 1e-6f;
+  scale = L->scale != 0.0f ? L->scale : (float)(1.0 / sqrt((double)q_width));
+  kva__mla_layout(&Lo, &w, L, (size_t)n_tokens, (size_t)s->len);
+  if (Lo.overflow) return KVA_ERR_NOMEM;
+  buf = kva__tmp_take(c, L->workspace, L->workspace_bytes, Lo.size, &owned);
   if (!buf) return KVA_ERR_NOMEM;
-  q = buf;
-  lat = q + n * (size_t)H * (size_t)dq;
-  if (L->q_lora_rank) qa = lat + n * (size_t)(dl + dr);
-  qk = lat + n * (size_t)(dl + dr) + n * (size_t)L->q_lora_rank;
-  ov = qk + n * (size_t)H * (size_t)dk;
-  o = ov + n * (size_t)H * (size_t)(L->naive ? dv : dl);
-  pos = (int32_t *)(o + n * (size_t)H * (size_t)dv +
-                    (L->naive ? (size_t)len * (size_t)H * (size_t)(dq + dv) + (size_t)(dl + dr) + n * (size_t)H : 0));
-  for (t = 0; t < n_tokens; t++) pos[t] = (int32_t)(s->pos - n_tokens + t);
+  Lo.base = (unsigned char *)buf, Lo.size = 0;
+  kva__mla_layout(&Lo, &w, L, (size_t)n_tokens, (size_t)s->len);
+  for (t = 0; t < n_tokens; t++) w.pos[t] = (int32_t)(s->pos - n_tokens + t);
 
   /* queries [n][H][nope | rope] */
   if (L->q_lora_rank) {
-    kva__linear(x, n_tokens, L->d_model, L->wq_a, NULL, L->q_lora_rank, qa, nt);
-    kva__rmsnorm(qa, n_tokens, L->q_lora_rank, L->q_norm, L->norm_eps > 0.0f ? L->norm_eps : 1e-6f);
-    kva__linear(qa, n_tokens, L->q_lora_rank, L->wq_b, NULL, H * dq, q, nt);
+    kva__linear(x, n_tokens, L->d_model, L->wq_a, NULL, L->q_lora_rank, w.q_lora, nt);
+    kva__rmsnorm(w.q_lora, n_tokens, L->q_lora_rank, L->q_norm, eps);
+    kva__linear(w.q_lora, n_tokens, L->q_lora_rank, L->wq_b, NULL, H * q_width, w.q, nt);
   } else {
-    kva__linear(x, n_tokens, L->d_model, L->wq, L->bq, H * dq, q, nt);
+    kva__linear(x, n_tokens, L->d_model, L->wq, L->bq, H * q_width, w.q, nt);
   }
   /* latent rows [n][c_kv | k_pe]: c_kv normalised, k_pe rotated (one per token) */
   for (t = 0; t < n_tokens; t++) {
-    float *row = lat + (size_t)t * (size_t)(dl + dr);
+    float *row = w.latent + (size_t)t * (size_t)latent_width;
     const float *xt = x + (size_t)t * (size_t)L->d_model;
-    for (i = 0; i < dl; i++)
+    for (i = 0; i < d_latent; i++)
       row[i] = kva__dot_f32(xt, L->w_dkv + (size_t)i * (size_t)L->d_model, L->d_model) + (L->b_dkv ? L->b_dkv[i] : 0.0f);
-    if (L->kv_norm) kva__rmsnorm(row, 1, dl, L->kv_norm, L->norm_eps > 0.0f ? L->norm_eps : 1e-6f);
-    for (i = 0; i < dr; i++)
-      row[dl + i] = kva__dot_f32(xt, L->w_kr + (size_t)i * (size_t)L->d_model, L->d_model) + (L->b_kr ? L->b_kr[i] : 0.0f);
-    if (dr > 0) {
+    if (L->kv_norm) kva__rmsnorm(row, 1, d_latent, L->kv_norm, eps);
+    for (i = 0; i < d_rope; i++)
+      row[d_latent + i] =
+          kva__dot_f32(xt, L->w_kr + (size_t)i * (size_t)L->d_model, L->d_model) + (L->b_kr ? L->b_kr[i] : 0.0f);
+    if (d_rope > 0) {
       int dim = 0;
-      kva__rope_check(&L->rope, dr, &dim);
+      kva__rope_check(&L->rope, d_rope, &dim);
       if (kva__rope_active(&L->rope)) {
-        kva__rope_token(&L->rope, dim, row + dl, 1, dr, pos[t]);
-        kva__rope_token(&L->rope, dim, q + (size_t)t * (size_t)H * (size_t)dq + dn, H, dq, pos[t]);
+        kva__rope_token(&L->rope, dim, row + d_latent, 1, d_rope, w.pos[t]);
+        kva__rope_token(&L->rope, dim, w.q + (size_t)t * (size_t)H * (size_t)q_width + d_nope, H, q_width, w.pos[t]);
       }
     }
   }
-  st = kva_store(c, seq, layer, lat, NULL, n_tokens);
-  if (st != KVA_OK) {
-    kva__tmp_give(c, buf, bytes, owned);
-    return st;
-  }
-
-  if (!L->naive) {
-    kva_attn a;
-    /* q_lat[h] = W_UK[h]^T q_nope[h]; b_uk shifts all scores of a row equally: it cancels */
-    for (t = 0; t < n_tokens; t++)
-      for (h = 0; h < H; h++) {
-        const float *qn = q + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dq;
-        float *qo = qk + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dk;
-        memset(qo, 0, (size_t)dl * sizeof(float));
-        for (i = 0; i < dn; i++) {
-          const float *w = L->w_uk + ((size_t)h * (size_t)dn + (size_t)i) * (size_t)dl;
-          float qi = qn[i];
-          for (j = 0; j < dl; j++) qo[j] += qi * w[j];
-        }
-        memcpy(qo + dl, qn + dn, (size_t)dr * sizeof(float));
-      }
-    memset(&a, 0, sizeof a);
-    a.n_heads = H; a.n_kv_heads = 1; a.head_dim = dl + dr; a.v_dim = dl; a.scale = scale; a.n_threads = nt;
-    st = kva_attend_cache(c, seq, layer, &a, qk, n_tokens, ov);
-    /* o[h] = W_UV[h] . (sum_t p c_t) + b_uv[h] */
-    for (t = 0; st == KVA_OK && t < n_tokens; t++)
-      for (h = 0; h < H; h++)
-        kva__linear(ov + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dl, 1, dl,
-                    L->w_uv + (size_t)h * (size_t)dv * (size_t)dl, L->b_uv ? L->b_uv + (size_t)h * (size_t)dv : NULL,
-                    dv, o + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dv, 1);
-  } else {
-    /* rebuild per-head K [len][H][nope | rope] and V [len][H][dv] from every cached latent */
-    float *K = o + n * (size_t)H * (size_t)dv, *V = K + (size_t)len * (size_t)H * (size_t)dq;
-    float *row = V + (size_t)len * (size_t)H * (size_t)dv, *lse = row + dl + dr;
-    int32_t *kpos = pos + n;
-    kva_attn a;
-    for (j = 0; j < len; j++) {
-      kva_seq_read(c, seq, layer, j, row, NULL, &kpos[j]);
-      for (h = 0; h < H; h++) {
-        float *kh = K + ((size_t)j * (size_t)H + (size_t)h) * (size_t)dq;
-        kva__linear(row, 1, dl, L->w_uk + (size_t)h * (size_t)dn * (size_t)dl,
-                    L->b_uk ? L->b_uk + (size_t)h * (size_t)dn : NULL, dn, kh, 1);
-        memcpy(kh + dn, row + dl, (size_t)dr * sizeof(float));
-        kva__linear(row, 1, dl, L->w_uv + (size_t)h * (size_t)dv * (size_t)dl,
-                    L->b_uv ? L->b_uv + (size_t)h * (size_t)dv : NULL, dv,
-                    V + ((size_t)j * (size_t)H + (size_t)h) * (size_t)dv, 1);
-      }
-    }
-    memset(&a, 0, sizeof a);
-    a.n_heads = H; a.n_kv_heads = H; a.n_threads = nt;
-    a.head_dim = dq; a.v_dim = dv; a.scale = scale;
-    st = kva_attend(&a, q, n_tokens, pos, K, V, len, kpos, o, lse);
-    if (st == KVA_OK && s->evict.kind == KVA_EVICT_H2O) /* the scores the absorbed path's kernel would add */
-      for (j = 0; j < len; j++) {
-        int in_block;
-        int32_t b = kva__slot_block(c, s, j, &in_block);
-        float add = 0.0f;
-        for (t = 0; t < n_tokens; t++)
-          for (h = 0; h < H; h++) {
-            float lt = lse[(size_t)t * (size_t)H + (size_t)h];
-            const float *qh = q + ((size_t)t * (size_t)H + (size_t)h) * (size_t)dq;
-            const float *kh = K + ((size_t)j * (size_t)H + (size_t)h) * (size_t)dq;
-            if (kpos[j] <= pos[t] && lt > -INFINITY) add += expf(scale * kva__dot_f32(qh, kh, dq) - lt);
-          }
-        *kva__score_ptr(c, layer, b, 0, in_block) += add;
-      }
-  }
-  if (st == KVA_OK) kva__linear(o, n_tokens, H * dv, L->wo, L->bo, L->d_model, y, nt);
-  kva__tmp_give(c, buf, bytes, owned);
+  st = kva_store(c, seq, layer, w.latent, NULL, n_tokens);
+  if (st == KVA_OK)
+    st = L->naive ? kva__mla_attend_naive(L, c, s, seq, layer, n_tokens, scale, &w)
+                  : kva__mla_attend_absorbed(L, c, seq, layer, n_tokens, scale, &w);
+  if (st == KVA_OK) kva__linear(w.o, n_tokens, H * L->d_v, L->wo, L->bo, L->d_model, y, nt);
+  kva__tmp_give(c, buf, Lo.size, owned);
   return st;
 }
 
 /* ======================================================================
-   [10] stats
+   [11] stats
    ====================================================================== */
 
 KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {

@@ -45,16 +45,7 @@
 #include <ctype.h>
 #include <unistd.h>
 
-/* GCC 12 at -O3 reports a false -Wmaybe-uninitialized inside kvattn.h's kva_cache_create
-   (kt/vt of a second kva__layer_types call whose first call was checked); not ours to edit. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include "kvattn.h"
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #ifdef _OPENMP
 #include <omp.h>
