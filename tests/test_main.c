@@ -24,7 +24,8 @@ const char *kt_test_name;
   X(mla)               \
   X(paged) X(paged_weak) \
   X(gqa) X(quant)      \
-  X(fp8bulk) X(batch)
+  X(fp8bulk) X(batch)  \
+  X(kernels)
 
 #define KT_DECLARE(name) void test_##name(void);
 KT_SECTIONS(KT_DECLARE)
