@@ -219,7 +219,8 @@ typedef enum {
   KVA_ERR_FULL,        /* block pool exhausted: nothing was changed */
   KVA_ERR_SEQ,         /* unknown or freed sequence id */
   KVA_ERR_UNSUPPORTED, /* valid but unsupported combination */
-  KVA_ERR_SEQ_LIMIT    /* max_seqs sequences are live: free one (no block is involved) */
+  KVA_ERR_SEQ_LIMIT,   /* max_seqs sequences are live: free one (no block is involved) */
+  KVA_ERR_NOT_STORED   /* the step's tokens are not all stored in that layer (kva_store first) */
 } kva_status;
 
 typedef enum {
@@ -405,6 +406,8 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
 
 /* store, attend and read a sequence */
 KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens);
+KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, const float *k, const float *v,
+                                int n_tokens);
 KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                     float *out);
 KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
@@ -445,6 +448,7 @@ KVA_API const char *kva_status_str(kva_status s) {
     case KVA_ERR_SEQ: return "unknown or freed sequence";
     case KVA_ERR_UNSUPPORTED: return "unsupported combination";
     case KVA_ERR_SEQ_LIMIT: return "sequence limit reached (max_seqs live)";
+    case KVA_ERR_NOT_STORED: return "tokens appended but not stored in every layer attended or published";
   }
   return "unknown status";
 }
@@ -2232,7 +2236,9 @@ typedef struct {
   int len;          /* tokens held */
   int pos;          /* next absolute position */
   int n_blocks;     /* entries of table in use */
-  int last_append;  /* newest tokens that kva_store / kva_attend_cache may address */
+  int last_append;  /* the step: newest tokens that kva_store / kva_attend_cache may address */
+  int32_t *stored;  /* [n_layers][2]: the step's tokens stored in each layer, [from, to) of 0..last_append */
+  int unstored_from; /* first slot an earlier step left unstored in some layer (INT_MAX: none) */
   kva_evict evict;  /* active policy */
   kva_evict evict_next; /* set by kva_seq_set_evict, active from the next append */
   int32_t *table;   /* [max_table] block ids */
@@ -2274,6 +2280,7 @@ struct kva_cache {
   long append_counter, prefix_queries, prefix_hits, cow_copies, appends_failed, prefix_forgotten;
   kva__seq *seqs;           /* [max_seqs] */
   int32_t *seq_tables;      /* [max_seqs][n_blocks] their block tables */
+  int32_t *seq_stored;      /* [max_seqs][n_layers][2] their kva__seq.stored */
   size_t block_bytes, bytes_meta, alloc_bytes;
   void *(*alloc_fn)(size_t, size_t, void *);
   void (*free_fn)(void *, size_t, void *);
@@ -2401,6 +2408,7 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->buckets = (int32_t *)kva__carve(L, n_buckets, sizeof(int32_t));
   c->seqs = (kva__seq *)kva__carve(L, (size_t)c->max_seqs, sizeof(kva__seq));
   c->seq_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * blocks, sizeof(int32_t));
+  c->seq_stored = (int32_t *)kva__carve(L, (size_t)c->max_seqs * layers * 2, sizeof(int32_t));
   return (unsigned char *)kva__carve(L, blocks, c->block_bytes);
 }
 
@@ -2486,7 +2494,10 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     c->pool[l] = pool;
     pool += c->layer_block[l] * (size_t)c->n_blocks;
   }
-  for (i = 0; i < c->max_seqs; i++) c->seqs[i].table = c->seq_tables + (size_t)i * (size_t)c->n_blocks;
+  for (i = 0; i < c->max_seqs; i++) {
+    c->seqs[i].table = c->seq_tables + (size_t)i * (size_t)c->n_blocks;
+    c->seqs[i].stored = c->seq_stored + (size_t)i * (size_t)c->n_layers * 2;
+  }
   for (i = 0; i < c->n_blocks; i++) c->blk[i].first_child = -1;
   for (i = c->n_blocks; i < c->n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
   for (i = 0; i < c->n_blocks; i++) kva__list_push_back(c, KVA__FREE_LIST(c), i);
@@ -2708,6 +2719,27 @@ static inline kva__seq *kva__seq_get(const kva_cache *c, int seq) {
   return s->live && s->gen == seq / c->max_seqs ? s : NULL;
 }
 
+/* The first slot of the step that some layer has not stored (INT_MAX: none). */
+static inline int kva__step_unstored(const kva_cache *c, const kva__seq *s) {
+  int l, first = INT_MAX, step_start = s->len - s->last_append;
+  for (l = 0; l < c->n_layers; l++) {
+    const int32_t *done = s->stored + 2 * l;
+    if (done[0] == 0 && done[1] == s->last_append) continue;
+    if (done[0] == 0 && step_start + done[1] < first) first = step_start + done[1];
+    if (done[0] > 0) first = step_start < first ? step_start : first;
+  }
+  return first;
+}
+
+/* End the sequence's step (remembering what it left unstored) and begin one
+   of n_new tokens (0: none, until the next append). */
+static inline void kva__step_begin(kva_cache *c, kva__seq *s, int n_new) {
+  int unstored = kva__step_unstored(c, s);
+  if (unstored < s->unstored_from) s->unstored_from = unstored;
+  s->last_append = n_new;
+  memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
+}
+
 /* A free sequence record, or NULL (max_seqs live). */
 static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
   int i, gen_limit = INT_MAX / c->max_seqs; /* a slot out of generations is retired: ids never repeat */
@@ -2716,6 +2748,8 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
     if (s->live || s->gen >= gen_limit) continue;
     s->live = 1;
     s->len = s->pos = s->n_blocks = s->last_append = 0;
+    s->unstored_from = INT_MAX;
+    memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
     c->n_live++;
     *seq = s->gen * c->max_seqs + i;
     return s;
@@ -2896,6 +2930,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   }
 
   /* commit */
+  kva__step_begin(c, s, 0); /* (slots before any eviction: what the last step left unstored) */
   c->append_counter++;
   kva__prefix_expire(c);
   zero_scores = e->kind == KVA_EVICT_H2O && s->evict.kind != KVA_EVICT_H2O;
@@ -2935,20 +2970,22 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
 KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   kva__seq *s, *d;
   int i, id, gen;
-  int32_t *table;
+  int32_t *table, *stored;
   if (!c || !dst) return KVA_ERR_ARG;
   s = kva__seq_get(c, src);
   if (!s) return KVA_ERR_SEQ;
   d = kva__seq_alloc(c, &id);
   if (!d) return KVA_ERR_SEQ_LIMIT;
+  kva__step_begin(c, s, 0); /* the newest blocks are shared now */
   gen = d->gen;
   table = d->table;
+  stored = d->stored;
   *d = *s;
   d->gen = gen;
   d->table = table;
+  d->stored = stored;
   memcpy(d->table, s->table, (size_t)s->n_blocks * sizeof(int32_t));
   for (i = 0; i < s->n_blocks; i++) kva__block_ref(c, s->table[i]);
-  d->last_append = s->last_append = 0; /* the newest blocks are shared now */
   /* policy and H2O scores travel with the fork (the scores live in the shared blocks) */
   *dst = id;
   return KVA_OK;
@@ -2965,8 +3002,9 @@ KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
   if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* tokens were evicted */
   keep_blocks = kva__blocks_for(c, n_keep);
   while (s->n_blocks > keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
+  kva__step_begin(c, s, 0);
+  if (s->unstored_from >= n_keep) s->unstored_from = INT_MAX;
   s->len = s->pos = n_keep;
-  s->last_append = 0;
   return KVA_OK;
 }
 
@@ -3005,8 +3043,13 @@ KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens,
   if (n_tokens > s->len) return KVA_ERR_ARG;
   if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* evicted tokens: blocks no longer match token ids */
   if (n_tokens == 0) return KVA_OK;
-  s->last_append = 0; /* its blocks may be shared from now on */
   n_full = n_tokens / c->bs;
+  { /* a block is published only when every layer holds all its tokens */
+    int unstored = kva__step_unstored(c, s);
+    if (s->unstored_from < unstored) unstored = s->unstored_from;
+    if ((long)n_full * c->bs > (long)unstored) return KVA_ERR_NOT_STORED;
+  }
+  kva__step_begin(c, s, 0); /* its blocks may be shared from now on */
   for (i = 0; i < n_full; i++) {
     const int32_t *tok = tokens + (size_t)i * (size_t)c->bs;
     int32_t b = s->table[i], have = kva__prefix_find(c, parent, parent_gen, salt, tok);
@@ -3080,19 +3123,24 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
    [9] cache store / attend / read, batched attention
    ====================================================================== */
 
-/* Write K (and V) of the newest n_tokens slots of `layer`.
+/* Write K (and V) of n_tokens of the step's newest tokens of `layer`, from
+   the step's token `offset` on.
    k [n_tokens][n_kv_heads][head_dim], v [n_tokens][n_kv_heads][v_dim] (NULL for LATENT). */
-KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens) {
+KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, const float *k, const float *v,
+                                int n_tokens) {
   kva__seq *s;
+  int32_t *done;
   int t, g;
-  if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0) return KVA_ERR_ARG;
+  if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || offset < 0) return KVA_ERR_ARG;
   if (n_tokens > 0 && (!k || (c->kind == KVA_CACHE_KV && !v))) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
-  if (n_tokens > s->last_append) return KVA_ERR_ARG;
+  if (n_tokens > s->last_append || offset > s->last_append - n_tokens) return KVA_ERR_ARG;
+  done = s->stored + 2 * layer; /* what is stored stays one range: this chunk must touch it */
+  if (done[1] > done[0] && (offset > done[1] || offset + n_tokens < done[0])) return KVA_ERR_ARG;
   for (t = 0; t < n_tokens; t++) {
-    int slot = s->len - n_tokens + t, in_block;
+    int slot = s->len - s->last_append + offset + t, in_block;
     int32_t b = kva__slot_block(c, s, slot, &in_block);
     for (g = 0; g < c->G; g++) {
       kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
@@ -3102,7 +3150,34 @@ KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, c
                        v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV, c->v_scale);
     }
   }
+  if (done[1] <= done[0]) {
+    done[0] = offset;
+    done[1] = offset + n_tokens;
+  } else {
+    if (offset < done[0]) done[0] = offset;
+    if (offset + n_tokens > done[1]) done[1] = offset + n_tokens;
+  }
   return KVA_OK;
+}
+
+/* Write K (and V) of the newest n_tokens slots of `layer`. */
+KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  int offset = s && n_tokens >= 0 && n_tokens <= s->last_append ? s->last_append - n_tokens : 0;
+  return kva_store_at(c, seq, layer, offset, k, v, n_tokens);
+}
+
+/* Has `layer` stored every token of the sequence's step? */
+static inline int kva__step_stored(const kva__seq *s, int layer) {
+  return s->stored[2 * layer] == 0 && s->stored[2 * layer + 1] == s->last_append;
+}
+
+/* Would storing the step's newest n tokens complete `layer`'s step? (A layer
+   forward stores them, then attends: it checks this first, to fail before
+   changing anything.) */
+static inline int kva__store_completes(const kva__seq *s, int layer, int n) {
+  const int32_t *done = s->stored + 2 * layer;
+  return n == s->last_append || (done[1] > done[0] && done[0] == 0 && done[1] >= s->last_append - n);
 }
 
 static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int layer, kva__kv_view *w) {
@@ -3142,6 +3217,7 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   if (!s) return KVA_ERR_SEQ;
   if (n_q == 0) return KVA_OK;
   if (n_q > s->last_append) return KVA_ERR_ARG;
+  if (!kva__step_stored(s, layer)) return KVA_ERR_NOT_STORED;
   kva__cache_view(c, s, layer, &w);
   if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
     w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
@@ -3332,6 +3408,8 @@ KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, c
   }
   for (i = 0; i < b->n_seqs; i++)
     if (!kva__seq_get(c, b->seq_id[i])) return KVA_ERR_SEQ;
+  for (i = 0; i < b->n_seqs; i++)
+    if (b->n_q[i] > 0 && !kva__step_stored(kva__seq_get(c, b->seq_id[i]), layer)) return KVA_ERR_NOT_STORED;
   for (i = 0; i < b->n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
     kva__cache_view(c, s, layer, &b->views[i]);
@@ -3471,6 +3549,7 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
+  if (!kva__store_completes(s, layer, n_tokens)) return KVA_ERR_NOT_STORED;
 
   nq = (size_t)n_tokens * (size_t)P.H * (size_t)P.D;
   nkv = (size_t)n_tokens * (size_t)P.G * (size_t)P.D;
@@ -3685,6 +3764,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
+  if (!kva__store_completes(s, layer, n_tokens)) return KVA_ERR_NOT_STORED;
 
   H = L->n_heads; d_latent = L->d_latent; d_nope = L->d_nope; d_rope = L->d_rope;
   q_width = d_nope + d_rope;

@@ -93,6 +93,8 @@ static inline float pm_val(uint64_t ph, int l, int which, int g, int d) {
 /* ---------------------------------------------------------------- model */
 #define PM_EXCL 0    /* a partly filled tail block is this sequence's own, unpublished */
 #define PM_SHARED 1  /* ... may be shared with a fork (never published: it was partial) */
+#define PM_HONEST 1  /* ok[]: the slot holds the honest content in that layer */
+#define PM_GARBAGE 2 /* ok[]: stored, but not the honest content */
 #define PM_MAYBEPUB 2 /* ... was a full block before a truncate: may be published */
 
 typedef struct {
@@ -102,7 +104,7 @@ typedef struct {
   int32_t *tok;      /* [cap] */
   uint64_t *ph;      /* [cap] prefix hash through slot i */
   float *k, *v;      /* [cap][L][G][D], [cap][L][G][DV]: expected read-back */
-  unsigned char *ok; /* [cap][L]: holds the honest content */
+  unsigned char *ok; /* [cap][L]: 0 not stored, PM_HONEST the honest content, PM_GARBAGE stored garbage */
   int32_t *plan;     /* [cap + 2 bs] tokens a new_prefix caller still has to append */
   int n_plan, plan_at;
 } pm_seq;
@@ -384,8 +386,25 @@ static inline int pm_honest_prefix(const pm_model *m, const pm_seq *q) {
   int i, l;
   for (i = 0; i < q->len; i++)
     for (l = 0; l < m->L; l++)
+      if (q->ok[(size_t)i * (size_t)m->L + l] != PM_HONEST) return i;
+  return q->len;
+}
+
+/* leading slots stored (honest or not) in every layer */
+static inline int pm_stored_prefix(const pm_model *m, const pm_seq *q) {
+  int i, l;
+  for (i = 0; i < q->len; i++)
+    for (l = 0; l < m->L; l++)
       if (!q->ok[(size_t)i * (size_t)m->L + l]) return i;
   return q->len;
+}
+
+/* has layer l stored every token of q's step (what attending it needs)? */
+static inline int pm_step_stored(const pm_model *m, const pm_seq *q, int l) {
+  int i;
+  for (i = q->len - q->last_append; i < q->len; i++)
+    if (!q->ok[(size_t)i * (size_t)m->L + l]) return 0;
+  return 1;
 }
 
 /* ---------------------------------------------------------------- checks */
@@ -518,7 +537,7 @@ static inline void pm_do_store(pm_model *m, pm_seq *q, int l, int n, int honest)
       for (d = 0; d < m->DV; d++)
         q->v[pm_vidx(m, slot, l) + (size_t)g * m->DV + d] = pm_round(m, m->vbuf[t * nv + (size_t)g * m->DV + d]);
     }
-    q->ok[(size_t)slot * m->L + l] = (unsigned char)honest;
+    q->ok[(size_t)slot * m->L + l] = (unsigned char)(honest ? PM_HONEST : PM_GARBAGE);
   }
 }
 
@@ -757,7 +776,7 @@ static inline pm_seq *pm_do_new_prefix(pm_model *m, const int32_t *tok, int n, u
           *x = pm_round(m, *x);
         }
       }
-      q->ok[(size_t)i * m->L + l] = 1;
+      q->ok[(size_t)i * m->L + l] = PM_HONEST;
     }
   }
   q->len = reused;
@@ -803,6 +822,19 @@ static inline void pm_op_publish(pm_model *m) {
   if (!q) return;
   hp = pm_honest_prefix(m, q);
   r = pm_int(m->src, 0, 99);
+  {
+    int sp = pm_stored_prefix(m, q), reach = (sp / m->bs + 1) * m->bs; /* full blocks over an unstored slot */
+    if (r >= 95 && sp < q->len && reach <= q->len) {
+      n = reach + pm_int(m->src, 0, q->len - reach);
+      pm_stats(m, &b);
+      st = kva_seq_publish(m->c, q->id, q->tok, n, q->salt);
+      pm_stats(m, &a);
+      PM_CHECK(st == KVA_ERR_NOT_STORED, "kva_seq_publish(%d of %d) over slot %d, unstored in a layer = %s", n,
+               q->len, sp, kva_status_str(st));
+      PM_CHECK(pm_stats_equal(&a, &b, 0), "refused kva_seq_publish changed the stats");
+      return;
+    }
+  }
   if (r < 60) n = (pm_int(m->src, 0, hp / m->bs)) * m->bs;
   else if (r < 90) n = pm_int(m->src, 0, hp);
   else if (r < 95) n = 0;
@@ -915,6 +947,10 @@ static inline void pm_op_attend(pm_model *m) {
   if (nq > q->last_append) {
     PM_CHECK(st == KVA_ERR_ARG, "kva_attend_cache(n_q %d, latest append %d) = %s, want KVA_ERR_ARG", nq,
              q->last_append, kva_status_str(st));
+    PM_CHECK(kt_all_sentinel(out, nout), "failed kva_attend_cache wrote its output");
+  } else if (!pm_step_stored(m, q, l)) {
+    PM_CHECK(st == KVA_ERR_NOT_STORED, "kva_attend_cache(n_q %d) of layer %d, the step not stored in it = %s", nq, l,
+             kva_status_str(st));
     PM_CHECK(kt_all_sentinel(out, nout), "failed kva_attend_cache wrote its output");
   } else {
     PM_CHECK(st == KVA_OK, "kva_attend_cache(n_q %d) = %s", nq, kva_status_str(st));

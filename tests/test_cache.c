@@ -111,8 +111,15 @@ static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 typedef struct {
   int id, len, last, alive;
-  float *k, *v; /* [L][cap][G][D], [L][cap][G][Dv] */
+  int stored[4]; /* per layer: the newest tokens of the step stored (attending needs all `last`) */
+  float *k, *v;  /* [L][cap][G][D], [L][cap][G][Dv] */
 } sseq;
+
+/* a new step of n tokens (0: the step ended): nothing of it stored yet */
+static void sseq_step(sseq *q, int n) {
+  q->last = n;
+  memset(q->stored, 0, sizeof q->stored);
+}
 
 typedef struct {
   kva_cache *c;
@@ -131,7 +138,7 @@ static float *sv(const cshape *s, sseq *q, int l, int t) {
 static void sseq_reset(const cshape *s, sseq *q, int id) {
   q->id = id;
   q->len = 0;
-  q->last = 0;
+  sseq_step(q, 0);
   q->alive = 1;
   memset(q->k, 0, sizeof(float) * (size_t)s->L * s->cap * s->G * s->D);
   memset(q->v, 0, sizeof(float) * (size_t)s->L * s->cap * s->G * s->Dv);
@@ -230,6 +237,7 @@ static void store_random(kt_rng *r, const cshape *s, sseq *q, int l, int n, floa
   st = kva_store(s->c, q->id, l, k, v, n);
   KT_CHECK(st == KVA_OK, "%s: kva_store(seq %d, layer %d, n %d) = %d (len %d, last append %d)",
            s->label, q->id, l, n, (int)st, q->len, q->last);
+  if (st == KVA_OK && n > q->stored[l]) q->stored[l] = n;
   if (st == KVA_OK)
     for (t = 0; t < n; t++) {
       float *wk = sk(s, q, l, q->len - n + t), *wv = sv(s, q, l, q->len - n + t);
@@ -269,6 +277,14 @@ static void check_attend(kt_rng *r, const cshape *s, sseq *q, int l, int n_q) {
   kt_fill(r, qv, nq, -1.0f, 1.0f);
   kt_fill_sentinel(out, no + 4);
   st = kva_attend_cache(s->c, q->id, l, &a, qv, n_q, out);
+  if (n_q > 0 && q->stored[l] < q->last) { /* the step is not stored in this layer: refused, out untouched */
+    KT_CHECK(st == KVA_ERR_NOT_STORED && kt_all_sentinel(out, no + 4),
+             "%s: kva_attend_cache(seq %d, layer %d, n_q %d) with %d of the step's %d tokens stored = %d",
+             s->label, q->id, l, n_q, q->stored[l], q->last, (int)st);
+    free(qv);
+    free(out);
+    return;
+  }
   KT_CHECK(st == KVA_OK, "%s: kva_attend_cache(seq %d, layer %d, n_q %d) = %d", s->label, q->id, l,
            n_q, (int)st);
   KT_CHECK(kt_all_sentinel(out + no, 4), "%s: kva_attend_cache wrote past out", s->label);
@@ -377,7 +393,7 @@ static void cache_random_case(kt_rng *r, int bs_field, kva_dtype kd, kva_dtype v
     KT_CHECK(st == KVA_OK, "%s: kva_seq_append(%d) = %d (len %d)", label, n, (int)st, q->len);
     if (st != KVA_OK) continue;
     q->len += n;
-    q->last = n;
+    sseq_step(q, n);
     for (l = 0; l < s.L; l++) {
       int ns = kt_int(r, 0, 3) ? n : kt_int(r, 0, n); /* sometimes only the newest few */
       if (ns > 0) store_random(r, &s, q, l, ns, 1.0f);
@@ -471,7 +487,7 @@ static void test_cache_f16_values(void) {
   }
   KT_STATUS(kva_seq_append(s.c, q.id, n), KVA_OK);
   q.len = n;
-  q.last = n;
+  sseq_step(&q, n);
   KT_STATUS(kva_store(s.c, q.id, 0, k, v, n), KVA_OK);
   for (i = 0; i < n * G * D; i++) {
     q.k[i] = ref_round_f16(k[i]);
@@ -737,15 +753,15 @@ static void test_seq_ids(void) {
     {
       /* every status has its own string; anything else is "unknown status" */
       int a_, b_;
-      for (a_ = KVA_OK; a_ <= KVA_ERR_SEQ_LIMIT; a_++) {
+      for (a_ = KVA_OK; a_ <= KVA_ERR_NOT_STORED; a_++) {
         KT_CHECK(strcmp(kva_status_str((kva_status)a_), "unknown status") != 0, "status %d has no string", a_);
         for (b_ = KVA_OK; b_ < a_; b_++)
           KT_CHECK(strcmp(kva_status_str((kva_status)a_), kva_status_str((kva_status)b_)) != 0,
                    "statuses %d and %d share the string \"%s\"", a_, b_, kva_status_str((kva_status)a_));
       }
-      KT_CHECK(strcmp(kva_status_str((kva_status)(KVA_ERR_SEQ_LIMIT + 1)), "unknown status") == 0,
-               "status %d past the last: \"%s\"", KVA_ERR_SEQ_LIMIT + 1,
-               kva_status_str((kva_status)(KVA_ERR_SEQ_LIMIT + 1)));
+      KT_CHECK(strcmp(kva_status_str((kva_status)(KVA_ERR_NOT_STORED + 1)), "unknown status") == 0,
+               "status %d past the last: \"%s\"", KVA_ERR_NOT_STORED + 1,
+               kva_status_str((kva_status)(KVA_ERR_NOT_STORED + 1)));
     }
     KT_CHECK(x == -77, "failed kva_seq_new changed *seq to %d", x);
     if (s_ == KVA_OK) kva_seq_free(c, x);
@@ -816,7 +832,7 @@ static void test_cache_errors(void) {
   /* q: 5 tokens appended, layer 0 and 1 stored */
   KT_STATUS(kva_seq_append(s.c, q.id, 5), KVA_OK);
   q.len = 5;
-  q.last = 5;
+  sseq_step(&q, 5);
   store_random(&r, &s, &q, 0, 5, 1.0f);
   store_random(&r, &s, &q, 1, 5, 1.0f);
   memset(&st0, 0, sizeof st0);
@@ -915,7 +931,7 @@ static void test_cache_errors(void) {
   /* the latest append bounds store/attend: append 2 more, store only those */
   KT_STATUS(kva_seq_append(s.c, q.id, 2), KVA_OK);
   q.len = 7;
-  q.last = 2;
+  sseq_step(&q, 2);
   KT_STATUS(kva_store(s.c, q.id, 0, k, v, 3), KVA_ERR_ARG);
   KT_STATUS(kva_attend_cache(s.c, q.id, 0, &at, qv, 3, out), KVA_ERR_ARG);
   store_random(&r, &s, &q, 0, 2, 1.0f);
@@ -971,7 +987,7 @@ static void test_pool_full(void) {
     int l_;                                                                    \
     KT_STATUS(kva_seq_append(s.c, (q).id, (n)), KVA_OK);                       \
     (q).len += (n);                                                            \
-    (q).last = (n);                                                            \
+    sseq_step(&(q), (n));                                                      \
     for (l_ = 0; l_ < s.L; l_++) store_random(&r, &s, &(q), l_, (n), 1.0f);    \
     check_stats(&s, seqs, NS);                                                 \
   } while (0)
@@ -1025,8 +1041,84 @@ static void test_pool_full(void) {
   kva_cache_destroy(s.c);
 }
 
+
+/* Steps: a layer is attended only once it stored the whole step; chunks of
+   the step stored with kva_store_at (touching what is stored) equal one
+   store; publishing unstored tokens is refused. */
+static void test_steps(void) {
+  enum { G = 2, D = 8, BS = 4, N = 7 };
+  kva_cache_desc d;
+  kva_cache *c = NULL;
+  kva_attn a;
+  kt_rng r;
+  float k[N * G * D], v[N * G * D], q[N * 4 * D], out1[N * 4 * D], out2[N * 4 * D + 4], rk[G * D], rv[G * D];
+  int32_t tok[16] = {0};
+  int s1 = -1, s2 = -1, l, i, t, ok;
+  kt_begin("cache: steps (store before attend, chunked stores, publish stored tokens only)");
+  kt_seed(&r, 0x57E9);
+  memset(&d, 0, sizeof d);
+  d.n_layers = 2;
+  d.n_kv_heads = G;
+  d.head_dim = D;
+  d.block_size = BS;
+  d.n_blocks = 16;
+  d.dtype = KVA_F32;
+  if (kva_cache_create(&d, &c) != KVA_OK) {
+    KT_CHECK(0, "create");
+    return;
+  }
+  attn_init(&a, 4, G, D, 0);
+  kt_fill(&r, k, sizeof k / sizeof k[0], -1, 1);
+  kt_fill(&r, v, sizeof v / sizeof v[0], -1, 1);
+  kt_fill(&r, q, sizeof q / sizeof q[0], -1, 1);
+  KT_STATUS(kva_seq_new(c, &s1), KVA_OK);
+  KT_STATUS(kva_seq_new(c, &s2), KVA_OK);
+  KT_STATUS(kva_seq_append(c, s1, N), KVA_OK);
+  KT_STATUS(kva_seq_append(c, s2, N), KVA_OK);
+  /* s1: one store per layer; s2: chunks [3, 5), [5, 7), [0, 3) in layer 0 */
+  for (l = 0; l < 2; l++) KT_STATUS(kva_store(c, s1, l, k, v, N), KVA_OK);
+  KT_STATUS(kva_store_at(c, s2, 0, 3, k + 3 * G * D, v + 3 * G * D, 2), KVA_OK);
+  kt_fill_sentinel(out2, sizeof out2 / sizeof out2[0]);
+  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_NOT_STORED);
+  KT_CHECK(kt_all_sentinel(out2, sizeof out2 / sizeof out2[0]), "refused attend wrote out");
+  KT_STATUS(kva_store_at(c, s2, 0, 0, k, v, 2), KVA_ERR_ARG); /* [0, 2) does not touch [3, 5) */
+  KT_STATUS(kva_store_at(c, s2, 0, 6, k, v, 2), KVA_ERR_ARG); /* past the step */
+  KT_STATUS(kva_store_at(c, s2, 0, -1, k, v, 1), KVA_ERR_ARG);
+  KT_STATUS(kva_store_at(c, s2, 0, 5, k + 5 * G * D, v + 5 * G * D, 2), KVA_OK);
+  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_NOT_STORED); /* [3, 7) of 7 */
+  KT_STATUS(kva_store_at(c, s2, 0, 0, k, v, 3), KVA_OK);
+  KT_STATUS(kva_attend_cache(c, s2, 1, &a, q, N, out2), KVA_ERR_NOT_STORED); /* layer 1 untouched */
+  KT_STATUS(kva_attend_cache(c, s1, 0, &a, q, N, out1), KVA_OK);
+  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, N, out2), KVA_OK);
+  KT_CHECK(memcmp(out1, out2, sizeof out1) == 0, "chunked stores attend differently from one store");
+  for (t = 0, ok = 1; t < N; t++) {
+    KT_STATUS(kva_seq_read(c, s2, 0, t, rk, rv, NULL), KVA_OK);
+    for (i = 0; i < G * D; i++) ok &= rk[i] == k[t * G * D + i] && rv[i] == v[t * G * D + i];
+  }
+  KT_CHECK(ok, "chunked stores read back wrong");
+  /* publish: s2's layer 1 never stored the step, so no block of it may be published */
+  KT_STATUS(kva_seq_publish(c, s2, tok, 4, 9), KVA_ERR_NOT_STORED);
+  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_OK); /* the step goes on */
+  KT_STATUS(kva_store(c, s2, 1, k, v, N), KVA_OK);
+  KT_STATUS(kva_seq_publish(c, s2, tok, 4, 9), KVA_OK); /* ends the step */
+  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_ARG);
+  /* a step left unstored stays unpublishable: s1 appends 5 (tokens 7..11), stores only layer 0 */
+  KT_STATUS(kva_seq_append(c, s1, 5), KVA_OK);
+  KT_STATUS(kva_store(c, s1, 0, k, v, 5), KVA_OK);
+  KT_STATUS(kva_seq_append(c, s1, 1), KVA_OK); /* the step of 5 ends with layer 1 unstored */
+  for (l = 0; l < 2; l++) KT_STATUS(kva_store(c, s1, l, k, v, 1), KVA_OK);
+  KT_STATUS(kva_seq_publish(c, s1, tok, 12, 1), KVA_ERR_NOT_STORED); /* block 1 holds token 7 */
+  KT_STATUS(kva_seq_publish(c, s1, tok, 7, 1), KVA_OK);              /* block 0: tokens 0..3 */
+  KT_STATUS(kva_seq_truncate(c, s1, 7), KVA_OK);                    /* drops tokens 7.. */
+  KT_STATUS(kva_seq_append(c, s1, 5), KVA_OK);
+  for (l = 0; l < 2; l++) KT_STATUS(kva_store(c, s1, l, k, v, 5), KVA_OK);
+  KT_STATUS(kva_seq_publish(c, s1, tok, 12, 1), KVA_OK);
+  kva_cache_destroy(c);
+}
+
 void test_cache(void) {
   test_bytes_per_token();
+  test_steps();
   test_create();
   test_seq_ids();
   test_cache_errors();

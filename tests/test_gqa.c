@@ -396,8 +396,18 @@ static void test_gqa_bad(void) {
     }
   }
   KT_CHECK(kva_seq_len(c, seq) == n && kva_seq_len(c, fresh) == 0, "lengths changed");
-  /* and the valid call works */
+  /* a forward of fewer tokens than the step would leave the step's older
+     tokens unstored in its layer: refused before storing anything */
+  KT_STATUS(kva_gqa_forward(&g.L, c, seq, 1, x, 1, y), KVA_ERR_NOT_STORED);
+  {
+    int z = 1, j;
+    KT_STATUS(kva_seq_read(c, seq, 1, n - 1, k, v, p), KVA_OK);
+    for (j = 0; j < G * D; j++) z &= k[j] == 0.0f && v[j] == 0.0f;
+    KT_CHECK(z, "a refused forward stored its token");
+  }
+  /* and the valid calls work: the whole step, or its older part stored first */
   KT_STATUS(kva_gqa_forward(&g.L, c, seq, 0, x, n, y), KVA_OK);
+  KT_STATUS(kva_store(c, seq, 1, x, x, n), KVA_OK); /* x: n x G x D floats */
   KT_STATUS(kva_gqa_forward(&g.L, c, seq, 1, x, 1, y), KVA_OK);
   kva_cache_destroy(c);
   glayer_free(&g);

@@ -426,6 +426,7 @@ static void pg_fits(void) {
   /* exact boundary: NOW means the append succeeds */
   KT_STATUS(kva_seq_new(c, &a), KVA_OK);
   KT_STATUS(kva_seq_append(c, a, 3), KVA_OK);
+  pg_store_marks(c, a, 3, 0.0f);
   f = kva_seq_fits(c, a, 13, &need);
   KT_CHECK(f == KVA_FITS_NOW && need == 3, "fits(a, 13): %d, %d blocks", (int)f, need);
   f = kva_seq_fits(c, a, 14, &need);
