@@ -394,6 +394,7 @@ KVA_API int kva_seq_len(const kva_cache *c, int seq);
 KVA_API int kva_seq_pos(const kva_cache *c, int seq);
 KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens);
 KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blocks_needed);
+KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *n_tokens, int n_seqs);
 KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst);
 KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep);
 KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e);
@@ -2963,6 +2964,42 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   s->len += n_tokens;
   s->pos += n_tokens;
   s->last_append = n_tokens;
+  return KVA_OK;
+}
+
+/* Append n_tokens[i] to seqs[i] for every i, or to none (batch admission).
+   The plans are made against the pool as it is now and chained: each
+   append's copies and new blocks come out of what the ones before it left,
+   including the blocks their eviction empties. Later appends can only need
+   less than planned (an earlier copy unshares blocks), so a passing check
+   means every append succeeds. */
+KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *n_tokens, int n_seqs) {
+  long avail;
+  int i, j;
+  if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_tokens))) return KVA_ERR_ARG;
+  for (i = 0; i < n_seqs; i++) {
+    const kva__seq *s = kva__seq_get(c, seqs[i]);
+    if (!s) return KVA_ERR_SEQ;
+    if (n_tokens[i] < 0 || (long)s->pos + n_tokens[i] > (long)INT32_MAX) return KVA_ERR_ARG;
+    for (j = 0; j < i; j++)
+      if (seqs[j] == seqs[i]) return KVA_ERR_ARG;
+  }
+  avail = (long)c->n_free + c->n_cached;
+  for (i = 0; i < n_seqs; i++) {
+    kva__append_plan pl;
+    if (n_tokens[i] == 0) continue;
+    kva__plan_append(c, kva__seq_get(c, seqs[i]), n_tokens[i], &pl);
+    if (!pl.fits_now || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable) {
+      c->appends_failed++;
+      return KVA_ERR_FULL;
+    }
+    avail += pl.releasable - pl.copies - pl.fresh;
+  }
+  for (i = 0; i < n_seqs; i++) {
+    kva_status st = kva_seq_append(c, seqs[i], n_tokens[i]);
+    KVATTN_ASSERT(st == KVA_OK);
+    (void)st;
+  }
   return KVA_OK;
 }
 

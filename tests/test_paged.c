@@ -807,8 +807,92 @@ static void pg_evicted(void) {
   kva_cache_destroy(c);
 }
 
+
+/* kva_seq_append_all: all or nothing. Random pools with forks (shared
+   blocks) and window eviction: on KVA_OK every sequence grew by its count;
+   on KVA_ERR_FULL nothing changed (stats, lengths, positions) and one failure
+   is counted. Without sharing or eviction the answer is exact: OK exactly when
+   the new blocks fit the free ones. */
+static void pg_append_all(void) {
+  kt_rng r;
+  int iter;
+  kt_begin("paged: kva_seq_append_all (batch admission)");
+  kt_seed(&r, 0xA11);
+  for (iter = 0; iter < kt_iters(300); iter++) {
+    kva_cache_desc d;
+    kva_cache *c;
+    kva_cache_stats s0, s1;
+    int ids[6], n[6], len0[6], pos0[6], ns = kt_int(&r, 1, 6), i, plain = iter % 2, step;
+    pg_desc(&d, kt_int(&r, 1, 4), kt_int(&r, 4, 24));
+    if (kva_cache_create(&d, &c) != KVA_OK) {
+      KT_CHECK(0, "create");
+      return;
+    }
+    for (i = 0; i < ns; i++) {
+      if (!plain && i > 0 && kt_int(&r, 0, 2) == 0) {
+        KT_STATUS(kva_seq_fork(c, ids[kt_int(&r, 0, i - 1)], &ids[i]), KVA_OK);
+      } else {
+        KT_STATUS(kva_seq_new(c, &ids[i]), KVA_OK);
+        if (kva_seq_append(c, ids[i], kt_int(&r, 0, 2 * d.block_size)) == KVA_OK) pg_store_marks(c, ids[i], 0, 0);
+      }
+      if (!plain && kt_int(&r, 0, 2) == 0) {
+        kva_evict e;
+        memset(&e, 0, sizeof e);
+        e.kind = KVA_EVICT_WINDOW;
+        e.budget = kt_int(&r, 1, 3 * d.block_size);
+        KT_STATUS(kva_seq_set_evict(c, ids[i], &e), KVA_OK);
+      }
+    }
+    for (step = 0; step < 6; step++) {
+      int free_blocks, need = 0;
+      kva_status st;
+      pg_stats(c, &s0);
+      free_blocks = s0.blocks_free + s0.blocks_cached;
+      for (i = 0; i < ns; i++) {
+        n[i] = kt_int(&r, 0, 2 * d.block_size + 1);
+        len0[i] = kva_seq_len(c, ids[i]);
+        pos0[i] = kva_seq_pos(c, ids[i]);
+        need += (len0[i] + n[i] + d.block_size - 1) / d.block_size - (len0[i] + d.block_size - 1) / d.block_size;
+      }
+      st = kva_seq_append_all(c, ids, n, ns);
+      pg_stats(c, &s1);
+      if (st == KVA_OK) {
+        for (i = 0; i < ns; i++)
+          KT_CHECK(kva_seq_pos(c, ids[i]) == pos0[i] + n[i], "append_all OK but seq %d pos %d, want %d + %d", i,
+                   kva_seq_pos(c, ids[i]), pos0[i], n[i]);
+      } else {
+        KT_CHECK(st == KVA_ERR_FULL, "append_all = %s", kva_status_str(st));
+        KT_CHECK(pm_stats_equal(&s0, &s1, 1) && s1.appends_failed == s0.appends_failed + 1,
+                 "refused append_all changed the stats");
+        for (i = 0; i < ns; i++)
+          KT_CHECK(kva_seq_len(c, ids[i]) == len0[i] && kva_seq_pos(c, ids[i]) == pos0[i],
+                   "refused append_all moved seq %d", i);
+      }
+      if (plain)
+        KT_CHECK((st == KVA_OK) == (need <= free_blocks), "plain pool: %d new blocks, %d free: %s", need,
+                 free_blocks, kva_status_str(st));
+    }
+    {
+      int dup[2], nn[2] = {1, 1};
+      dup[0] = dup[1] = ids[0];
+      KT_STATUS(kva_seq_append_all(c, dup, nn, 2), KVA_ERR_ARG);
+      KT_STATUS(kva_seq_append_all(c, ids, NULL, 1), KVA_ERR_ARG);
+      KT_STATUS(kva_seq_append_all(NULL, ids, nn, 1), KVA_ERR_ARG);
+      KT_STATUS(kva_seq_append_all(c, ids, nn, -1), KVA_ERR_ARG);
+      KT_STATUS(kva_seq_append_all(c, NULL, NULL, 0), KVA_OK);
+      nn[0] = -1;
+      KT_STATUS(kva_seq_append_all(c, ids, nn, 1), KVA_ERR_ARG);
+      dup[1] = 12345;
+      nn[0] = 1;
+      KT_STATUS(kva_seq_append_all(c, dup, nn, 2), KVA_ERR_SEQ);
+    }
+    kva_cache_destroy(c);
+  }
+}
+
 void test_paged(void) {
   pg_bad_input();
+  pg_append_all();
   pg_ids();
   pg_cow();
   pg_fits();
