@@ -422,6 +422,8 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
 KVA_API kva_status kva_attend_batch(kva_cache *c, kva_batch *b, int layer, const float *q, float *out);
 KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, const float *q, float *out,
                                         float *lse);
+KVA_API kva_status kva_batch_replan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
+                                    kva_batch **plan);
 KVA_API void kva_batch_free(kva_batch *b);
 
 /* layers */
@@ -3365,16 +3367,16 @@ static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, i
   b->parts = (float *)kva__carve(L, part_floats, sizeof(float));
 }
 
-KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
-                                  kva_batch **plan) {
+/* A plan for the step, built in `old`'s block when it is large enough (old
+   NULL: always a new block); *out only on success. */
+static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q,
+                                          int n_seqs, kva_batch *old, kva_batch **out) {
   kva__attn_params P;
   kva__layout L;
   size_t part = 0;
   int i, n_units = 0, n_parts = 0, n_merges = 0, items_total = 0, rows_total = 0, u, pi, mi;
   unsigned char *mem;
-  kva_batch *b, sizing;
-  if (!plan) return KVA_ERR_ARG;
-  *plan = NULL;
+  kva_batch *b, sizing, block;
   if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q))) return KVA_ERR_ARG;
   if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
   if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
@@ -3395,15 +3397,24 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
   L.base = NULL, L.size = 0, L.overflow = 0;
   kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part);
   if (L.overflow) return KVA_ERR_NOMEM;
-  mem = (unsigned char *)(c->alloc_fn ? c->alloc_fn(L.size, 64, c->user) : KVATTN_MALLOC(L.size));
-  if (!mem) return KVA_ERR_NOMEM;
+  if (old && L.size <= old->bytes) { /* rebuild in place: the block keeps its size and owner */
+    block = *old;
+    mem = (unsigned char *)old;
+  } else {
+    mem = (unsigned char *)(c->alloc_fn ? c->alloc_fn(L.size, 64, c->user) : KVATTN_MALLOC(L.size));
+    if (!mem) return KVA_ERR_NOMEM;
+    block.bytes = L.size;
+    block.free_fn = c->alloc_fn ? c->free_fn : NULL;
+    block.user = c->user;
+    if (old) kva_batch_free(old);
+  }
   b = (kva_batch *)mem;
   memset(b, 0, sizeof *b);
   L.base = mem, L.size = 0;
   kva__batch_layout(&L, b, n_seqs, n_units, n_merges, (size_t)n_parts * part);
-  b->bytes = L.size;
-  b->free_fn = c->alloc_fn ? c->free_fn : NULL;
-  b->user = c->user;
+  b->bytes = block.bytes;
+  b->free_fn = block.free_fn;
+  b->user = block.user;
   b->P = P;
   b->n_threads = a->n_threads;
   b->n_seqs = n_seqs;
@@ -3423,8 +3434,24 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
     kva__plan_seq(b, &P, s, i, n_q[i], items_total, &u, &pi, &mi);
   }
   KVATTN_ASSERT(u == n_units && pi == n_parts && mi == n_merges);
-  *plan = b;
+  *out = b;
   return KVA_OK;
+}
+
+KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
+                                  kva_batch **plan) {
+  if (!plan) return KVA_ERR_ARG;
+  *plan = NULL;
+  return kva__batch_build(c, a, seqs, n_q, n_seqs, NULL, plan);
+}
+
+/* The next step's plan in *plan's block when it fits (no allocation), else in
+   a new block (the old one freed); *plan NULL: as kva_batch_plan. On error
+   *plan is left as it was, still valid. */
+KVA_API kva_status kva_batch_replan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
+                                    kva_batch **plan) {
+  if (!plan) return KVA_ERR_ARG;
+  return kva__batch_build(c, a, seqs, n_q, n_seqs, *plan, plan);
 }
 
 /* kva_attend_batch, and with lse non-NULL also each row's log-sum-exp, [rows][n_heads] in q's row order */

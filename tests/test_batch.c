@@ -1687,6 +1687,38 @@ static void test_cache_heap(void) {
     }
     KT_CHECK(h.gives == 2, "kva_batch_free gave %ld blocks back through free_fn (want 2 in all)", h.gives);
   }
+  { /* kva_batch_replan: in place while the step's plan fits the block, else a new block for the old one */
+    int n_small = 1, n_big = NQ;
+    long takes0 = h.takes, gives0 = h.gives;
+    kva_batch *fresh = NULL, *before;
+    float *of = KT_ALLOC(float, (size_t)NQ * H * D);
+    plan = NULL;
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_small, 1, &plan), KVA_OK); /* NULL: a new plan */
+    KT_CHECK(h.takes == takes0 + 1, "replan from NULL: %ld takes", h.takes - takes0);
+    before = plan;
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_big, 1, &plan), KVA_OK); /* larger: moves */
+    KT_CHECK(h.takes == takes0 + 2 && h.gives == gives0 + 1, "growing replan: %ld takes, %ld gives",
+             h.takes - takes0, h.gives - gives0);
+    before = plan;
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_small, 1, &plan), KVA_OK); /* smaller: in place */
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_big, 1, &plan), KVA_OK);   /* fits again: in place */
+    KT_CHECK(plan == before && h.takes == takes0 + 2 && h.gives == gives0 + 1,
+             "replans that fit moved the plan or allocated (%ld takes, %ld gives)", h.takes - takes0,
+             h.gives - gives0);
+    KT_STATUS(kva_batch_plan(c[1], &a, &seq[1], &n_big, 1, &fresh), KVA_OK);
+    if (plan && fresh) {
+      KT_STATUS(kva_attend_batch(c[1], plan, 0, q, ob), KVA_OK);
+      KT_STATUS(kva_attend_batch(c[1], fresh, 0, q, of), KVA_OK);
+      KT_CHECK(kt_same_bits(ob, of, (size_t)NQ * H * D), "a replanned plan attends differently from a fresh one");
+    }
+    n_big = NQ + 1; /* beyond the step: refused, the plan stays as it was */
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_big, 1, &plan), KVA_ERR_ARG);
+    KT_CHECK(plan == before, "a refused replan changed *plan");
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_small, 1, NULL), KVA_ERR_ARG);
+    kva_batch_free(plan);
+    kva_batch_free(fresh);
+    free(of);
+  }
   kva_cache_destroy(c[0]);
   kva_cache_destroy(c[1]);
   KT_CHECK(h.takes == h.gives && h.live == 0, "alloc_fn: %ld takes, %ld gives, %lu bytes live", h.takes, h.gives,
