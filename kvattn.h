@@ -2726,10 +2726,9 @@ static inline kva__seq *kva__seq_get(const kva_cache *c, int seq) {
 static inline int kva__step_unstored(const kva_cache *c, const kva__seq *s) {
   int l, first = INT_MAX, step_start = s->len - s->last_append;
   for (l = 0; l < c->n_layers; l++) {
-    const int32_t *done = s->stored + 2 * l;
-    if (done[0] == 0 && done[1] == s->last_append) continue;
-    if (done[0] == 0 && step_start + done[1] < first) first = step_start + done[1];
-    if (done[0] > 0) first = step_start < first ? step_start : first;
+    const int32_t *done = s->stored + 2 * l; /* one range [from, to) of the step */
+    int unstored = done[0] > 0 ? 0 : done[1]; /* the step's first unstored token */
+    if (unstored < s->last_append && step_start + unstored < first) first = step_start + unstored;
   }
   return first;
 }
