@@ -1573,7 +1573,7 @@ static inline double kva__fp8_sq_error(const kva__fp8_format *f, const float *de
     size_t m = n - i0 < sizeof codes ? n - i0 : sizeof codes;
     kva__fp8_encode(codes, x + i0, m, inv, f);
     for (i = 0; i < m; i++) {
-      double d = (double)decode[codes[i]] * scale - x[i0 + i];
+      double d = (double)decode[codes[i]] * (double)scale - (double)x[i0 + i];
       if (fabsf(x[i0 + i]) <= FLT_MAX) err += d * d;
     }
   }
@@ -1607,7 +1607,7 @@ KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_
       for (k = 0; k < 256; k++) decode[k] = t == KVA_FP8_E4M3 ? kva_e4m3_to_f32((uint8_t)k) : kva_e5m2_to_f32((uint8_t)k);
       s = amax / fmax;
       for (k = -2; k <= 40; k++) { /* k -2, -1: vLLM's two scales; then ABSMAX's x 2^(-k/8) */
-        float c = k == -2 ? amax / 200.0f : k == -1 ? amax / 100.0f : (float)((double)amax / fmax * pow(2.0, -k / 8.0));
+        float c = k == -2 ? amax / 200.0f : k == -1 ? amax / 100.0f : (float)((double)amax / (double)fmax * pow(2.0, -k / 8.0));
         double e;
         if (!(c >= FLT_MIN)) continue;
         e = kva__fp8_sq_error(f, decode, x, n, c);
@@ -2079,7 +2079,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
       float *po = scratch + (size_t)u * part;
       kva__split_range(n_kv, S, u % S, &kv0, &kv1);
       kva__attend_rows(P, w, kv0, kv1, u / S / chunks, q, q_pos, q_base, c0,
-                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + (size_t)item_rows * P->DV, 1);
+                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + (size_t)item_rows * (size_t)P->DV, 1);
     }
     if (nt > items) nt = items;
     KVA__OMP_FOR(nt)
@@ -2201,7 +2201,7 @@ static inline void kva__rope_token(const kva_rope *r, int dim, float *x, int n_h
     for (h = 0; h < n_heads; h++) {
       float *xh = x + (size_t)h * (size_t)head_dim;
       int i0 = r->interleaved ? 2 * i : i, i1 = r->interleaved ? 2 * i + 1 : i + half;
-      double a = xh[i0], b = xh[i1];
+      double a = (double)xh[i0], b = (double)xh[i1];
       xh[i0] = (float)(a * c - b * s);
       xh[i1] = (float)(a * s + b * c);
     }
@@ -2489,7 +2489,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   for (l = 0; l < c->n_layers; l++) {
     kva__layer_bytes b;
     kva__layer_types(d, l, &c->kt[l], &c->vt[l]); /* validated above */
-    b = kva__layer_geometry(c->kind, c->kt[l], c->vt[l], c->D, c->DV, c->G, c->bs);
+    b = kva__layer_geometry((int)c->kind, c->kt[l], c->vt[l], c->D, c->DV, c->G, c->bs);
     c->k_row[l] = b.k_row;
     c->v_row[l] = b.v_row;
     c->v_off[l] = b.v_off;
@@ -3658,7 +3658,7 @@ static inline void kva__rmsnorm(float *x, int n, int dim, const float *gain, flo
     float *r = x + (size_t)t * (size_t)dim;
     double ss = 0.0;
     float inv;
-    for (i = 0; i < dim; i++) ss += (double)r[i] * r[i];
+    for (i = 0; i < dim; i++) ss += (double)r[i] * (double)r[i];
     inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
     for (i = 0; i < dim; i++) r[i] = r[i] * inv * (gain ? gain[i] : 1.0f);
   }

@@ -230,6 +230,10 @@ s_asan_ubsan_native() {
 }
 
 s_cxx() {
+    mkdir -p "$B/cxx"
+    echo "== kvattn.h alone under the engine warning set"
+    x "$CXX" -x c++ -std=c++11 -O2 -march=native -Wall -Wextra -Werror -pedantic "${ENGINE_WARN[@]}" \
+        "${ENGINE_WARN_CXX[@]}" "${INC[@]}" -c "$HEADER_TU" -o "$B/cxx/header_tu.o" &&
     build_tests cxx "$CXX" -x c++ -std=c++11 -O2 -march=native -Wall -Wextra -Werror &&
         run "$B/cxx/kvattn_test"
 }
@@ -237,6 +241,11 @@ s_cxx() {
 # no -O: these steps are about the language (C99, pedantic) and are cheap at
 # -O0; flow-based warnings at -O2 are covered by the cxx step's -Werror.
 WARN=(-std=c99 -Wall -Wextra -Werror -pedantic)
+# what engines add (llama.cpp's C and C++ sets, plus -Wconversion): kvattn.h
+# itself must be clean under them; the tests need not be.
+ENGINE_WARN=(-Wcast-qual -Wshadow -Wpointer-arith -Wdouble-promotion -Wconversion -Wsign-conversion -Wundef)
+ENGINE_WARN_C=(-Wstrict-prototypes -Wmissing-prototypes)
+ENGINE_WARN_CXX=(-Wmissing-declarations)
 
 # warn_variants DIR COMPILER [LABEL FLAGS]... : compile the header TU and the
 # whole test program for each variant; go on past failures, list them last.
@@ -250,8 +259,8 @@ warn_variants() {
         shift 2
         echo "== $cc $label: kvattn.h alone"
         # shellcheck disable=SC2086  # flags is a word list
-        x "$cc" "${WARN[@]}" $flags "${INC[@]}" -c "$HEADER_TU" -o "$d/header_$label.o" ||
-            failed+=("$label: kvattn.h alone")
+        x "$cc" "${WARN[@]}" "${ENGINE_WARN[@]}" "${ENGINE_WARN_C[@]}" -O2 $flags "${INC[@]}" \
+            -c "$HEADER_TU" -o "$d/header_$label.o" || failed+=("$label: kvattn.h alone")
         echo "== $cc $label: test program"
         # shellcheck disable=SC2086
         x "$cc" "${WARN[@]}" $flags "${INC[@]}" "${TEST_SRCS[@]}" -o "$d/test_$label" -lm ||
