@@ -57,7 +57,7 @@
    (kva_attend_cache, kva_attend_batch with one plan per call, kva_seq_read)
    may run at the same time from any threads, on different sequences or on
    different layers of one sequence, with the same results as one after
-   another; calls that change a cache (append, store, fork, free, publish,
+   another; one plan's work units may be shared by an engine's own threads; calls that change a cache (append, store, fork, free, publish,
    truncate, ...) are serialised by the caller. Calls on different caches,
    and calls that take no cache, may run concurrently. Inside a call the
    library uses OpenMP (`n_threads`, 0 = OpenMP's default). Results are
@@ -425,6 +425,12 @@ KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, c
 KVA_API kva_status kva_batch_replan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
                                     kva_batch **plan);
 KVA_API void kva_batch_free(kva_batch *b);
+/* running a plan from the engine's own threads (kva_attend_batch does these three) */
+KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, const float *q, float *out, float *lse);
+KVA_API int kva_batch_n_units(const kva_batch *b);
+KVA_API int kva_batch_n_merges(const kva_batch *b);
+KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end);
+KVA_API kva_status kva_batch_run_merges(kva_batch *b, int begin, int end);
 
 /* layers */
 KVA_API size_t kva_gqa_workspace_bytes(const kva_gqa_layer *L, int n_tokens);
@@ -3285,7 +3291,8 @@ KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_
    [sum n_q][n_heads][v_dim], the sequences' rows one after another in plan
    order. A plan holds for the sequence lengths it saw: after the next
    append, plan again (KVA_ERR_ARG otherwise). One plan runs one call at a
-   time. */
+   time; within it, an engine's threads may share the units and then the
+   merges (kva_batch_prepare, kva_batch_run_units, kva_batch_run_merges). */
 typedef struct {
   int32_t seq;    /* index into the plan's sequences */
   int32_t g, row0, n_chunks; /* KV head; rows row0 .. in n_chunks chunks of KVA__MAXROWS */
@@ -3296,6 +3303,9 @@ typedef struct {
 struct kva_batch {
   kva__attn_params P;
   int n_threads, n_seqs, n_units, n_merges, splits_max;
+  int layer;                       /* the prepared layer, -1: none (kva_batch_prepare) */
+  const float *q;                  /* the prepared layer's rows */
+  float *out, *lse;
   int *seq_id, *n_q, *len, *pos, *evict_kind, *q_row; /* per sequence; q_row: first query row in q / out */
   int *merge_unit;                 /* per merged item: its first unit (its parts follow) */
   int *merge_splits;
@@ -3419,6 +3429,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   b->n_seqs = n_seqs;
   b->n_units = n_units;
   b->n_merges = n_merges;
+  b->layer = -1;
   u = pi = mi = 0;
   rows_total = 0;
   for (i = 0; i < n_seqs; i++) {
@@ -3453,12 +3464,14 @@ KVA_API kva_status kva_batch_replan(kva_cache *c, const kva_attn *a, const int *
   return kva__batch_build(c, a, seqs, n_q, n_seqs, *plan, plan);
 }
 
-/* kva_attend_batch, and with lse non-NULL also each row's log-sum-exp, [rows][n_heads] in q's row order */
-KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, const float *q, float *out,
-                                        float *lse) {
+/* Binds a plan to one layer's run: checks that the plan still matches the
+   cache, builds the sequences' views and remembers q, out and lse. Until the
+   next prepare, kva_batch_run_units / kva_batch_run_merges run this layer.
+   On error the plan is left unprepared. */
+KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, const float *q, float *out, float *lse) {
   const kva__attn_params *P;
-  size_t part;
-  int i, u, nt;
+  int i;
+  if (b) b->layer = -1;
   if (!c || !b || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
   P = &b->P;
   if (P->G != c->G || P->D != c->D || P->DV != c->DV) return KVA_ERR_ARG;
@@ -3479,19 +3492,30 @@ KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, c
     if (s->evict.kind == KVA_EVICT_H2O)
       b->views[i].key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   }
+  b->layer = layer;
+  b->q = q, b->out = out, b->lse = lse;
+  return KVA_OK;
+}
+
+KVA_API int kva_batch_n_units(const kva_batch *b) { return b ? b->n_units : 0; }
+KVA_API int kva_batch_n_merges(const kva_batch *b) { return b ? b->n_merges : 0; }
+
+/* Runs work units [begin, end) of the prepared layer. Distinct ranges may run
+   at the same time from any threads; every unit once, then the merges. */
+KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
+  const kva__attn_params *P;
+  size_t part;
+  int u;
+  if (!b || b->layer < 0 || begin < 0 || end < begin || end > b->n_units) return KVA_ERR_ARG;
+  P = &b->P;
   part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1);
-  nt = kva__threads(b->n_threads);
-  if (nt > b->n_units) nt = b->n_units;
-  (void)nt;
-  KVA__OMP_FOR(nt)
-  for (u = 0; u < b->n_units; u++) {
+  for (u = begin; u < end; u++) {
     const kva__unit *un = &b->units[u];
-    const kva__seq *s = kva__seq_get(c, b->seq_id[un->seq]);
     int rows = b->n_q[un->seq] * P->R, k;
-    const float *qs = q + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->D;
-    float *os = out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
-    float *ls = lse ? lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
-    int32_t q_base = (int32_t)(s->pos - b->n_q[un->seq]);
+    const float *qs = b->q + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->D;
+    float *os = b->out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
+    float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
+    int32_t q_base = (int32_t)(b->pos[un->seq] - b->n_q[un->seq]);
     for (k = 0; k < un->n_chunks; k++) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
       if (un->part < 0) {
@@ -3503,17 +3527,44 @@ KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, c
       }
     }
   }
-  nt = kva__threads(b->n_threads);
-  if (nt > b->n_merges) nt = b->n_merges;
-  KVA__OMP_FOR(nt)
-  for (i = 0; i < b->n_merges; i++) { /* a merge's parts are consecutive */
+  return KVA_OK;
+}
+
+/* Merges [begin, end) of the prepared layer's split-K results into out (and
+   lse), after every unit has run; distinct ranges may run at the same time. */
+KVA_API kva_status kva_batch_run_merges(kva_batch *b, int begin, int end) {
+  const kva__attn_params *P;
+  size_t part;
+  int i;
+  if (!b || b->layer < 0 || begin < 0 || end < begin || end > b->n_merges) return KVA_ERR_ARG;
+  P = &b->P;
+  part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1);
+  for (i = begin; i < end; i++) { /* a merge's parts are consecutive */
     const kva__unit *un = &b->units[b->merge_unit[i]];
     int rows = b->n_q[un->seq] * P->R;
     kva__merge_item(P, un->g, un->row0, rows - un->row0 < KVA__MAXROWS ? rows - un->row0 : KVA__MAXROWS,
                     b->parts + (size_t)un->part * part, part, KVA__MAXROWS, b->merge_splits[i],
-                    out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV,
-                    lse ? lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL);
+                    b->out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV,
+                    b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL);
   }
+  return KVA_OK;
+}
+
+/* kva_attend_batch, and with lse non-NULL also each row's log-sum-exp, [rows][n_heads] in q's row order */
+KVA_API kva_status kva_attend_batch_lse(kva_cache *c, kva_batch *b, int layer, const float *q, float *out,
+                                        float *lse) {
+  int i, u, nt;
+  kva_status st = kva_batch_prepare(c, b, layer, q, out, lse);
+  if (st != KVA_OK) return st;
+  nt = kva__threads(b->n_threads);
+  if (nt > b->n_units) nt = b->n_units;
+  (void)nt;
+  KVA__OMP_FOR(nt)
+  for (u = 0; u < b->n_units; u++) (void)kva_batch_run_units(b, u, u + 1);
+  nt = kva__threads(b->n_threads);
+  if (nt > b->n_merges) nt = b->n_merges;
+  KVA__OMP_FOR(nt)
+  for (i = 0; i < b->n_merges; i++) (void)kva_batch_run_merges(b, i, i + 1);
   return KVA_OK;
 }
 

@@ -152,6 +152,29 @@ typedef struct {
   const char *label;
 } kb_split_case;
 
+/* kva_attend_batch as an engine's pool runs it: prepare, the units in random
+   ranges taken in a random order, then the merges the same way */
+static kva_status kb_run_in_pieces(kt_rng *r, kva_cache *c, kva_batch *p, int layer, const float *q, float *out,
+                                   float *lse) {
+  int phase;
+  kva_status st = kva_batch_prepare(c, p, layer, q, out, lse);
+  for (phase = 0; phase < 2 && st == KVA_OK; phase++) {
+    int n = phase ? kva_batch_n_merges(p) : kva_batch_n_units(p), cut[9], k, n_cuts = 1;
+    int32_t order[8];
+    cut[0] = 0;
+    while (cut[n_cuts - 1] < n && n_cuts < 8) { /* up to 8 ranges, the last one takes the rest */
+      cut[n_cuts] = cut[n_cuts - 1] + kt_int(r, 1, n - cut[n_cuts - 1]);
+      n_cuts++;
+    }
+    cut[n_cuts - 1] = n;
+    kb_perm(r, order, n_cuts - 1, 0);
+    for (k = 0; k < n_cuts - 1 && st == KVA_OK; k++)
+      st = phase ? kva_batch_run_merges(p, cut[order[k]], cut[order[k] + 1])
+                 : kva_batch_run_units(p, cut[order[k]], cut[order[k] + 1]);
+  }
+  return st;
+}
+
 static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
   kva_attn a, a2;
   ref_attn_cfg c;
@@ -1225,10 +1248,14 @@ static void kb_batch_scenario(kt_rng *r, int it) {
       KT_CHECK(kt_all_sentinel(o1 + no, KB_GUARD), "kva_attend_batch wrote past out (%s)", w.shape);
       KT_CHECK(kt_same_bits(q, q0, nqv), "kva_attend_batch modified q (%s)", w.shape);
       if (l == 0) { /* the 2-thread plan, on the first layer (the mirror attends twice there too) */
-        st = kva_attend_batch(w.c[0], p2, l, q, o2);
-        KT_CHECK(st == KVA_OK && kt_same_bits(o1, o2, no),
-                 "plans with n_threads 1 and 2 differ (status %d, layer %d step %d) (%s)", (int)st, l, step,
-                 w.shape);
+        int way;
+        for (way = 0; way < 2; way++) { /* kva_attend_batch, then prepare + units + merges in pieces */
+          kt_fill_sentinel(o2, no);
+          st = way ? kb_run_in_pieces(r, w.c[0], p2, l, q, o2, NULL) : kva_attend_batch(w.c[0], p2, l, q, o2);
+          KT_CHECK(st == KVA_OK && kt_same_bits(o1, o2, no),
+                   "plans with n_threads 1 and 2 differ (%s; status %d, layer %d step %d) (%s)",
+                   way ? "run in pieces" : "kva_attend_batch", (int)st, l, step, w.shape);
+        }
       }
       for (i = 0; i < nb; i++) {
         int s = order[i], n_q = nq[i], len = kva_seq_len(w.c[0], w.id[s][0]);
@@ -1240,10 +1267,11 @@ static void kb_batch_scenario(kt_rng *r, int it) {
         if (n_q == 0) continue;
         oc = KT_ALLOC(float, on);
         oc2 = KT_ALLOC(float, on);
-        /* the mirror attends as often as cache 0 did (twice on layer 0, threads 1 and 2), so
-           H2O scores stay equal */
+        /* the mirror attends as often as cache 0 did (three times on layer 0: threads 1 and 2,
+           and in pieces), so H2O scores stay equal */
         KT_STATUS(kva_attend_cache(w.c[1], w.id[s][1], l, &a, qs, n_q, oc), KVA_OK);
         if (l == 0) {
+          KT_STATUS(kva_attend_cache(w.c[1], w.id[s][1], l, &a2, qs, n_q, oc2), KVA_OK);
           KT_STATUS(kva_attend_cache(w.c[1], w.id[s][1], l, &a2, qs, n_q, oc2), KVA_OK);
           KT_CHECK(kt_same_bits(oc, oc2, on), "kva_attend_cache n_threads 1 vs 2 differ (%s)", w.shape);
         }
@@ -1332,6 +1360,45 @@ static kva_cache *kb_small_cache(kt_rng *r, int L, int G, int D, int Dv, kva_dty
   return c;
 }
 
+/* split-K with many merges (one sequence, 40 new rows x 4 query heads per KV
+   head: 3 chunks x 2 KV heads = 6 items, each split in 2): prepare, units and
+   merges cut into random pieces equal kva_attend_batch_lse bit for bit */
+static void test_batch_pieces(void) {
+  kt_rng r;
+  kva_cache *c;
+  int ids[1], lens[1] = {2100}, last[1] = {40}, nq[1] = {40}, round;
+  kva_attn a;
+  kva_batch *p = NULL;
+  size_t no = (size_t)40 * 8 * 24, nl = (size_t)40 * 8;
+  float *q = KT_ALLOC(float, no), *o1 = KT_ALLOC(float, no + KB_GUARD), *o2 = KT_ALLOC(float, no + KB_GUARD);
+  float *l1 = KT_ALLOC(float, nl + KB_GUARD), *l2 = KT_ALLOC(float, nl + KB_GUARD);
+  kt_begin("batch: a plan run in pieces (kva_batch_prepare / run_units / run_merges)");
+  kt_seed(&r, 0x91EC);
+  c = kb_small_cache(&r, 1, 2, 24, 24, KVA_F16, 1, lens, last, ids, NULL);
+  kb_attn_init(&a, 8, 2, 24, 0);
+  kt_fill(&r, q, no, -1.0f, 1.0f);
+  if (c && kva_batch_plan(c, &a, ids, nq, 1, &p) == KVA_OK) {
+    KT_CHECK(kva_batch_n_merges(p) == 6 && kva_batch_n_units(p) == 12, "expected 12 units and 6 merges, got %d and %d",
+             kva_batch_n_units(p), kva_batch_n_merges(p));
+    KT_STATUS(kva_attend_batch_lse(c, p, 0, q, o1, l1), KVA_OK);
+    for (round = 0; round < 20; round++) {
+      kt_fill_sentinel(o2, no + KB_GUARD);
+      kt_fill_sentinel(l2, nl + KB_GUARD);
+      KT_STATUS(kb_run_in_pieces(&r, c, p, 0, q, o2, round % 2 ? l2 : NULL), KVA_OK);
+      KT_CHECK(kt_same_bits(o1, o2, no), "a plan run in pieces differs from kva_attend_batch_lse (round %d)", round);
+      KT_CHECK(round % 2 ? kt_same_bits(l1, l2, nl) : kt_all_sentinel(l2, nl), "lse of a run in pieces (round %d)",
+               round);
+      KT_CHECK(kt_all_sentinel(o2 + no, KB_GUARD) && kt_all_sentinel(l2 + nl, KB_GUARD),
+               "a run in pieces wrote past out or lse (round %d)", round);
+    }
+  } else {
+    KT_CHECK(0, "setup of the pieces test failed");
+  }
+  kva_batch_free(p);
+  kva_cache_destroy(c);
+  free(q), free(o1), free(o2), free(l1), free(l2);
+}
+
 static void test_batch_args(void) {
   kt_rng r;
   kva_cache *c, *c2;
@@ -1411,6 +1478,8 @@ static void test_batch_args(void) {
     KT_CHECK(st_ == (want), "%s: status %d, expected %d", what, (int)st_, (int)(want));         \
     KT_CHECK(kt_all_sentinel(out, sizeof out / sizeof out[0]), "%s: out changed on error", what); \
   } while (0)
+    KT_STATUS(kva_batch_run_units(p, 0, 0), KVA_ERR_ARG); /* never prepared */
+    KT_STATUS(kva_batch_run_merges(p, 0, 0), KVA_ERR_ARG);
     KB_BAD_RUN(kva_attend_batch(NULL, p, 0, q, out), KVA_ERR_ARG, "run: cache NULL");
     KB_BAD_RUN(kva_attend_batch(c, NULL, 0, q, out), KVA_ERR_ARG, "run: plan NULL");
     KB_BAD_RUN(kva_attend_batch(c, p, -1, q, out), KVA_ERR_ARG, "run: layer -1");
@@ -1421,6 +1490,26 @@ static void test_batch_args(void) {
     kt_fill_sentinel(out, sizeof out / sizeof out[0]);
     KT_STATUS(kva_attend_batch(c, p, 1, q, out), KVA_OK);
     KT_CHECK(kt_all_sentinel(out + no, KB_GUARD), "run wrote past its rows");
+    { /* the same run in three steps, units and merges one at a time from the last */
+      float out2[sizeof out / sizeof out[0]];
+      int n_units = kva_batch_n_units(p), n_merges = kva_batch_n_merges(p), u;
+      kt_fill_sentinel(out2, sizeof out2 / sizeof out2[0]);
+      KT_STATUS(kva_batch_prepare(c, p, 1, q, out2, NULL), KVA_OK);
+      KT_CHECK(n_units > 0, "a plan with rows has no units");
+      KT_STATUS(kva_batch_run_units(p, -1, 0), KVA_ERR_ARG);
+      KT_STATUS(kva_batch_run_units(p, 1, 0), KVA_ERR_ARG);
+      KT_STATUS(kva_batch_run_units(p, 0, n_units + 1), KVA_ERR_ARG);
+      KT_STATUS(kva_batch_run_merges(p, 0, n_merges + 1), KVA_ERR_ARG);
+      for (u = n_units - 1; u >= 0; u--) KT_STATUS(kva_batch_run_units(p, u, u + 1), KVA_OK);
+      for (u = n_merges - 1; u >= 0; u--) KT_STATUS(kva_batch_run_merges(p, u, u + 1), KVA_OK);
+      KT_CHECK(kt_same_bits(out, out2, no), "kva_batch_prepare/run_units/run_merges != kva_attend_batch");
+      KT_CHECK(kt_all_sentinel(out2 + no, KB_GUARD), "run_units wrote past its rows");
+      KT_STATUS(kva_batch_prepare(c, p, 2, q, out2, NULL), KVA_ERR_ARG); /* a failed prepare unprepares */
+      KT_STATUS(kva_batch_run_units(p, 0, n_units), KVA_ERR_ARG);
+      KT_CHECK(kva_batch_n_units(NULL) == 0 && kva_batch_n_merges(NULL) == 0, "counts of a NULL plan");
+      KT_STATUS(kva_batch_run_units(NULL, 0, 0), KVA_ERR_ARG);
+      KT_STATUS(kva_batch_run_merges(NULL, 0, 0), KVA_ERR_ARG);
+    }
     kva_batch_free(p);
   }
   /* zero sequences, and sequences all with n_q 0: no rows, NULL q / out allowed */
@@ -1736,7 +1825,8 @@ void test_batch(void) {
       {"split cache", test_split_cache},       {"merge partitions", test_merge_partitions},
       {"merge special", test_merge_special},   {"merge cascade", test_merge_cascade},
       {"merge args", test_merge_args},         {"batch args", test_batch_args},
-      {"batch stale", test_batch_stale},       {"batch same len", test_batch_same_len},
+      {"batch pieces", test_batch_pieces},     {"batch stale", test_batch_stale},
+      {"batch same len", test_batch_same_len},
       {"batch random", test_batch_random},     {"batch zero rows", test_batch_zero_rows}};
   long m_start = kb_mallocs, f_start = kb_frees;
   int verbose = getenv("KVA_TEST_VERBOSE") != NULL, i;

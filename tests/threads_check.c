@@ -3,7 +3,8 @@
  * An engine runs attention from its own thread pool: one sequence per
  * thread, or one layer per thread.  The rule (docs/API.md, "Threads"):
  * calls that do not change a cache's structure (kva_attend_cache,
- * kva_attend_batch, each plan used by one call at a time, kva_seq_read, H2O
+ * kva_attend_batch, each plan used by one call at a time, a plan's units and
+ * merges shared by the threads (kva_batch_run_units/merges), kva_seq_read, H2O
  * score updates of a sequence's own blocks) may run at the same time on
  * different sequences, and on one sequence for different layers; their
  * results are bit-identical to running them one after another.
@@ -256,6 +257,63 @@ static void run_phase(world *w, const int *units, int n, int round) {
     }
 }
 
+/* kva_attend_batch as an engine's thread pool runs it: prepare on this
+   thread, then THREADS threads run the units cut at random points, then
+   the merges the same way */
+typedef struct {
+  kva_batch *b;
+  int merges, begin, end;
+  kva_status st;
+} unit_range;
+
+static void *range_worker(void *arg) {
+  unit_range *r = (unit_range *)arg;
+  r->st = r->merges ? kva_batch_run_merges(r->b, r->begin, r->end) : kva_batch_run_units(r->b, r->begin, r->end);
+  return NULL;
+}
+
+static void run_plan_on_pool(world *w, int p, int l, int round) {
+  const config *f = w->cfg;
+  size_t of = out_floats(f), at = (size_t)p * N_LAYERS + (size_t)l;
+  const float *q0 = w->q + ((size_t)(2 * p) * N_LAYERS + (size_t)l) * of;
+  const float *q1 = w->q + ((size_t)(2 * p + 1) * N_LAYERS + (size_t)l) * of;
+  static float qb[2 * MAX_Q * 64 * 64];
+  kva_batch *b = w->plan[p][l];
+  int phase;
+  memcpy(qb, q0, of * sizeof(float));
+  memcpy(qb + of, q1, of * sizeof(float));
+  if (kva_batch_prepare(w->c, b, l, qb, w->batch_parallel + at * 2 * of, NULL) != KVA_OK) {
+    check(0, "kva_batch_prepare", f->name, p, l);
+    return;
+  }
+  for (phase = 0; phase < 2; phase++) {
+    pthread_t th[THREADS];
+    unit_range r[THREADS];
+    int n = phase ? kva_batch_n_merges(b) : kva_batch_n_units(b), cut[THREADS + 1], t, k;
+    cut[0] = 0;
+    cut[THREADS] = n;
+    for (t = 1; t < THREADS; t++) cut[t] = rand_below(n + 1);
+    for (t = 1; t < THREADS; t++) /* sort the inner cuts (insertion) */
+      for (k = t; k > 1 && cut[k - 1] > cut[k]; k--) {
+        int tmp = cut[k];
+        cut[k] = cut[k - 1];
+        cut[k - 1] = tmp;
+      }
+    for (t = 0; t < THREADS; t++) {
+      r[t].b = b, r[t].merges = phase, r[t].begin = cut[t], r[t].end = cut[t + 1], r[t].st = KVA_OK;
+      if (pthread_create(&th[t], NULL, range_worker, &r[t]) != 0) {
+        check(0, "pthread_create", f->name, -1, round);
+        r[t].begin = -1;
+      }
+    }
+    for (t = 0; t < THREADS; t++)
+      if (r[t].begin >= 0) {
+        pthread_join(th[t], NULL);
+        check(r[t].st == KVA_OK, "kva_batch_run_units/merges returned a status", f->name, t, round);
+      }
+  }
+}
+
 static void run_config(const config *f, int rounds) {
   world w;
   int pairs = N_SEQS * f->n_layers, n_units = pairs + 2 * f->n_layers, u, r, s, l;
@@ -294,6 +352,16 @@ static void run_config(const config *f, int rounds) {
         size_t at = (size_t)s * N_LAYERS + (size_t)l;
         check(memcmp(w.batch_serial + at * 2 * of, w.batch_parallel + at * 2 * of, 2 * of * sizeof(float)) == 0,
               "kva_attend_batch output differs from the serial one", f->name, s, l);
+      }
+    /* each plan and layer in turn, its units and merges shared by THREADS threads */
+    memset(w.batch_parallel, 0xff, (size_t)2 * N_LAYERS * 2 * of * sizeof(float));
+    for (s = 0; s < 2; s++)
+      for (l = 0; l < f->n_layers; l++) run_plan_on_pool(&w, s, l, r);
+    for (s = 0; s < 2; s++)
+      for (l = 0; l < f->n_layers; l++) {
+        size_t at = (size_t)s * N_LAYERS + (size_t)l;
+        check(memcmp(w.batch_serial + at * 2 * of, w.batch_parallel + at * 2 * of, 2 * of * sizeof(float)) == 0,
+              "a plan run by kva_batch_run_units/merges on a pool differs from kva_attend_batch", f->name, s, l);
       }
   }
   unbuild(&w);
