@@ -262,7 +262,10 @@ typedef struct {
                       sample (43 vectorised encodes of it): trading a few
                       saturated outliers for resolution where values are dense.
    Non-finite values are ignored; an all-zero or empty sample gives 1. The
-   result is finite, > 0 and accepted by kva_cache_create. */
+   result is finite, > 0 and accepted by kva_cache_create.
+   kva_fp8_calibrate_heads: the same rule per head of one layer's sample
+   x [n_tokens][n_heads][head_dim], into scales[n_heads] (for
+   kva_cache_desc.head_k_scale / head_v_scale, one layer's row). */
 typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_VLLM_V } kva_calib;
 
 typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
@@ -277,7 +280,11 @@ typedef struct {
   kva_dtype dtype;                /* storage of K (and V); DEFAULT => KVA_F16 */
   kva_dtype v_dtype;              /* DEFAULT => same as dtype */
   const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
-  float k_scale, v_scale;         /* FP8: required > 0 (LATENT: k_scale only); store fp8(x/scale) */
+  float k_scale, v_scale;         /* FP8: store fp8(x/scale); > 0 unless the arrays below give every
+                                     FP8 layer's scales (LATENT: k_scale only) */
+  const float *layer_k_scale, *layer_v_scale; /* NULL or [n_layers]: per-layer FP8 scales (over k/v_scale) */
+  const float *head_k_scale, *head_v_scale;   /* NULL or [n_layers][n_kv_heads]: per layer and KV head
+                                                 (over both); entries of non-FP8 layers are not read */
   int max_seqs;                   /* live sequences at once; 0 => 256 */
   int prefix_max_age;             /* 0 => none; else a published block unused for this many
                                      kva_seq_append calls (cache-wide) is forgotten */
@@ -371,6 +378,8 @@ KVA_API void kva_f32_to_e5m2_n(uint8_t *dst, const float *src, size_t n);
 KVA_API void kva_e4m3_to_f32_n(float *dst, const uint8_t *src, size_t n);
 KVA_API void kva_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n);
 KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale);
+KVA_API kva_status kva_fp8_calibrate_heads(kva_dtype t, const float *x, int n_tokens, int n_heads, int head_dim,
+                                           kva_calib rule, float *scales);
 
 /* attention on plain arrays; merging partial results */
 KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const int32_t *q_pos, const float *k,
@@ -1567,40 +1576,44 @@ KVA_API void kva_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n) {
 }
 
 
-/* Round-trip squared error of the finite values of x under `scale`, the
+/* A calibration sample: n_rows rows of row_len floats, row r at x + r * stride
+   (one head of [tokens][heads][head_dim] data, or one flat array). */
+typedef struct {
+  const float *x;
+  size_t n_rows, row_len, stride;
+} kva__sample;
+
+/* Round-trip squared error of the sample's finite values under `scale`, the
    store path's vector encoder doing the encoding. */
-static inline double kva__fp8_sq_error(const kva__fp8_format *f, const float *decode, const float *x, size_t n,
+static inline double kva__fp8_sq_error(const kva__fp8_format *f, const float *decode, const kva__sample *x,
                                        float scale) {
   uint8_t codes[1024];
   float inv = 1.0f / scale;
   double err = 0.0;
-  size_t i0, i;
-  for (i0 = 0; i0 < n; i0 += sizeof codes) {
-    size_t m = n - i0 < sizeof codes ? n - i0 : sizeof codes;
-    kva__fp8_encode(codes, x + i0, m, inv, f);
-    for (i = 0; i < m; i++) {
-      double d = (double)decode[codes[i]] * (double)scale - (double)x[i0 + i];
-      if (fabsf(x[i0 + i]) <= FLT_MAX) err += d * d;
+  size_t r, i0, i;
+  for (r = 0; r < x->n_rows; r++) {
+    const float *row = x->x + r * x->stride;
+    for (i0 = 0; i0 < x->row_len; i0 += sizeof codes) {
+      size_t m = x->row_len - i0 < sizeof codes ? x->row_len - i0 : sizeof codes;
+      kva__fp8_encode(codes, row + i0, m, inv, f);
+      for (i = 0; i < m; i++) {
+        double d = (double)decode[codes[i]] * (double)scale - (double)row[i0 + i];
+        if (fabsf(row[i0 + i]) <= FLT_MAX) err += d * d;
+      }
     }
   }
   return err;
 }
 
-KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale) {
-  float amax = 0.0f, fmax, s;
-  size_t i;
-  if (!scale || (t != KVA_FP8_E4M3 && t != KVA_FP8_E5M2) || (n > 0 && !x)) return KVA_ERR_ARG;
-  if (rule != KVA_CALIB_MSE && rule != KVA_CALIB_ABSMAX && rule != KVA_CALIB_VLLM_K && rule != KVA_CALIB_VLLM_V)
-    return KVA_ERR_ARG;
-  fmax = t == KVA_FP8_E4M3 ? 448.0f : 57344.0f;
-  for (i = 0; i < n; i++) {
-    float a = fabsf(x[i]);
-    if (a > amax && a <= FLT_MAX) amax = a;
-  }
-  if (amax == 0.0f) {
-    *scale = 1.0f;
-    return KVA_OK;
-  }
+static inline float kva__fp8_choose_scale(kva_dtype t, const kva__sample *x, kva_calib rule) {
+  float amax = 0.0f, fmax = t == KVA_FP8_E4M3 ? 448.0f : 57344.0f, s;
+  size_t r, i;
+  for (r = 0; r < x->n_rows; r++)
+    for (i = 0; i < x->row_len; i++) {
+      float a = fabsf(x->x[r * x->stride + i]);
+      if (a > amax && a <= FLT_MAX) amax = a;
+    }
+  if (amax == 0.0f) return 1.0f;
   switch (rule) {
     case KVA_CALIB_VLLM_K: s = amax / 200.0f; break;
     case KVA_CALIB_VLLM_V: s = amax / 100.0f; break;
@@ -1616,7 +1629,7 @@ KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_
         float c = k == -2 ? amax / 200.0f : k == -1 ? amax / 100.0f : (float)((double)amax / (double)fmax * pow(2.0, -k / 8.0));
         double e;
         if (!(c >= FLT_MIN)) continue;
-        e = kva__fp8_sq_error(f, decode, x, n, c);
+        e = kva__fp8_sq_error(f, decode, x, c);
         if (best < 0.0 || e < best) {
           best = e;
           s = c;
@@ -1627,7 +1640,35 @@ KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_
   }
   if (!(s >= FLT_MIN)) s = FLT_MIN; /* a subnormal sample */
   if (t == KVA_FP8_E4M3 && s > FLT_MAX / 512.0f) s = FLT_MAX / 512.0f; /* the kernels fold x256 into it */
-  *scale = s;
+  return s;
+}
+
+static inline int kva__calib_args_ok(kva_dtype t, kva_calib rule) {
+  return (t == KVA_FP8_E4M3 || t == KVA_FP8_E5M2) && (rule == KVA_CALIB_MSE || rule == KVA_CALIB_ABSMAX ||
+                                                      rule == KVA_CALIB_VLLM_K || rule == KVA_CALIB_VLLM_V);
+}
+
+KVA_API kva_status kva_fp8_calibrate(kva_dtype t, const float *x, size_t n, kva_calib rule, float *scale) {
+  kva__sample sample;
+  if (!scale || !kva__calib_args_ok(t, rule) || (n > 0 && !x)) return KVA_ERR_ARG;
+  sample.x = x, sample.n_rows = 1, sample.row_len = n, sample.stride = n;
+  *scale = kva__fp8_choose_scale(t, &sample, rule);
+  return KVA_OK;
+}
+
+KVA_API kva_status kva_fp8_calibrate_heads(kva_dtype t, const float *x, int n_tokens, int n_heads, int head_dim,
+                                           kva_calib rule, float *scales) {
+  kva__sample sample;
+  int h;
+  if (!scales || !kva__calib_args_ok(t, rule) || n_tokens < 0 || n_heads <= 0 || head_dim <= 0 ||
+      (n_tokens > 0 && !x))
+    return KVA_ERR_ARG;
+  sample.n_rows = (size_t)n_tokens, sample.row_len = (size_t)head_dim;
+  sample.stride = (size_t)n_heads * (size_t)head_dim;
+  for (h = 0; h < n_heads; h++) {
+    sample.x = x ? x + (size_t)h * (size_t)head_dim : NULL;
+    scales[h] = kva__fp8_choose_scale(t, &sample, rule);
+  }
   return KVA_OK;
 }
 
@@ -1704,7 +1745,7 @@ static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n
 typedef struct {
   int paged;                          /* 0: plain arrays, 1: block table */
   kva_dtype kt, vt;
-  float k_fp8_scale, v_fp8_scale;     /* FP8 tensor scales */
+  const float *k_fp8_scale, *v_fp8_scale; /* [n_kv_heads] FP8 scales, or NULL (no FP8) */
   /* plain arrays: token j of head g at base + (j*n_kv_heads + g) * row bytes */
   const unsigned char *k, *v;
   size_t k_tok_stride, v_tok_stride;  /* bytes from token j to j+1 */
@@ -1720,6 +1761,8 @@ typedef struct {
   const int32_t *table, *block_pos;   /* block_pos: [block][G][bs] */
   int block_size, n_kv_heads;
 } kva__kv_view;
+
+static inline float kva__view_scale(const float *per_head, int g) { return per_head ? per_head[g] : 1.0f; }
 
 /* Fill a tile: rows j0 .. j0+n-1 of KV head g, their positions in kpos and
    the smallest and largest in *kmin, *kmax.
@@ -1836,7 +1879,8 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
     if (kmin > qmax) continue;
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_fp8_scale, NULL);
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
+                    kva__view_scale(w->k_fp8_scale, g), NULL);
     }
     all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
     memset(colsum, 0, sizeof colsum);
@@ -1921,8 +1965,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     next.v_bytes = nn > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, w->k_fp8_scale,
-                    rb == 0 ? &next : NULL);
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
+                    kva__view_scale(w->k_fp8_scale, g), rb == 0 ? &next : NULL);
     }
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos);
@@ -1942,7 +1986,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     }
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV, w->v_fp8_scale);
+      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV,
+                     kva__view_scale(w->v_fp8_scale, g));
     }
   }
   if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, nrows, m, l, read_pos, scores);
@@ -2271,7 +2316,7 @@ typedef struct {
 struct kva_cache {
   kva_cache_kind kind;
   int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live;
-  float k_scale, v_scale;   /* FP8 tensor scales (LATENT uses k_scale for its one vector) */
+  float *k_fp8, *v_fp8;     /* [n_layers][G] FP8 scales (1 where not FP8; LATENT: v_fp8 = k_fp8) */
   kva_dtype *kt, *vt;       /* [n_layers] */
   size_t *k_row, *v_row;    /* [n_layers] bytes of one token of one head */
   size_t *v_off;            /* [n_layers] offset of V inside a layer block */
@@ -2316,6 +2361,26 @@ static inline int kva__layer_types(const kva_cache_desc *d, int l, kva_dtype *kt
   *kt = k;
   *vt = v;
   return 1;
+}
+
+static inline int kva__is_fp8(kva_dtype t) { return t == KVA_FP8_E4M3 || t == KVA_FP8_E5M2; }
+
+/* The FP8 scale of layer l, KV head g, for K (is_v 0) or V: the most
+   specific one the description gives. */
+static inline float kva__desc_fp8_scale(const kva_cache_desc *d, int is_v, int l, int g) {
+  const float *head = is_v ? d->head_v_scale : d->head_k_scale, *layer = is_v ? d->layer_v_scale : d->layer_k_scale;
+  if (head) return head[(size_t)l * (size_t)d->n_kv_heads + (size_t)g];
+  if (layer) return layer[l];
+  return is_v ? d->v_scale : d->k_scale;
+}
+
+/* An FP8 scale must be > 0 and finite; E4M3 folds x256 into it inside the
+   kernels, which must stay finite too. Non-FP8 types take any value. */
+static inline kva_status kva__fp8_scale_check(kva_dtype t, float scale) {
+  if (!kva__is_fp8(t)) return KVA_OK;
+  if (!(scale > 0.0f) || !(scale <= FLT_MAX)) return KVA_ERR_ARG;
+  if (t == KVA_FP8_E4M3 && scale > FLT_MAX / 512.0f) return KVA_ERR_UNSUPPORTED;
+  return KVA_OK;
 }
 
 static inline int kva__desc_shape_ok(const kva_cache_desc *d) {
@@ -2418,6 +2483,8 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->seqs = (kva__seq *)kva__carve(L, (size_t)c->max_seqs, sizeof(kva__seq));
   c->seq_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * blocks, sizeof(int32_t));
   c->seq_stored = (int32_t *)kva__carve(L, (size_t)c->max_seqs * layers * 2, sizeof(int32_t));
+  c->k_fp8 = (float *)kva__carve(L, layers * (size_t)c->G, sizeof(float));
+  c->v_fp8 = (float *)kva__carve(L, layers * (size_t)c->G, sizeof(float));
   return (unsigned char *)kva__carve(L, blocks, c->block_bytes);
 }
 
@@ -2444,13 +2511,11 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
     kva_dtype kt, vt;
     if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
-    if ((kt == KVA_FP8_E4M3 || kt == KVA_FP8_E5M2) && !(d->k_scale > 0.0f)) return KVA_ERR_ARG;
-    if (d->kind == KVA_CACHE_KV && (vt == KVA_FP8_E4M3 || vt == KVA_FP8_E5M2) && !(d->v_scale > 0.0f))
-      return KVA_ERR_ARG; /* LATENT stores one vector: k_scale only */
-    /* E4M3 folds x256 into its scale inside the kernels: that must stay finite */
-    if ((kt == KVA_FP8_E4M3 && d->k_scale > FLT_MAX / 512.0f) ||
-        (d->kind == KVA_CACHE_KV && vt == KVA_FP8_E4M3 && d->v_scale > FLT_MAX / 512.0f))
-      return KVA_ERR_UNSUPPORTED;
+    for (i = 0; i < d->n_kv_heads; i++) {
+      kva_status st = kva__fp8_scale_check(kt, kva__desc_fp8_scale(d, 0, l, i));
+      if (st == KVA_OK && d->kind == KVA_CACHE_KV) st = kva__fp8_scale_check(vt, kva__desc_fp8_scale(d, 1, l, i));
+      if (st != KVA_OK) return st; /* LATENT stores one vector: K's scales only */
+    }
     shape.block_bytes += kva__layer_geometry(d->kind, kt, vt, shape.D, shape.DV, shape.G, shape.bs).block;
   }
   if (d->n_blocks) shape.n_blocks = d->n_blocks;
@@ -2486,8 +2551,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->user = d->user;
   c->alloc_bytes = L.size;
   c->bytes_meta = data;
-  c->k_scale = d->k_scale;
-  c->v_scale = d->v_scale;
   c->max_table = c->n_blocks;
   c->bucket_mask = (uint64_t)n_buckets - 1;
   c->prefix_max_age = d->prefix_max_age;
@@ -2500,6 +2563,13 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     c->v_row[l] = b.v_row;
     c->v_off[l] = b.v_off;
     c->layer_block[l] = b.block;
+    for (i = 0; i < c->G; i++) {
+      size_t at = (size_t)l * (size_t)c->G + (size_t)i;
+      c->k_fp8[at] = kva__is_fp8(c->kt[l]) ? kva__desc_fp8_scale(d, 0, l, i) : 1.0f;
+      c->v_fp8[at] = c->kind == KVA_CACHE_LATENT ? c->k_fp8[at]
+                     : kva__is_fp8(c->vt[l])    ? kva__desc_fp8_scale(d, 1, l, i)
+                                                : 1.0f;
+    }
     c->pool[l] = pool;
     pool += c->layer_block[l] * (size_t)c->n_blocks;
   }
@@ -3188,10 +3258,12 @@ KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, co
     int32_t b = kva__slot_block(c, s, slot, &in_block);
     for (g = 0; g < c->G; g++) {
       kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
-                     k + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->D, c->D, c->k_scale);
+                     k + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->D, c->D,
+                     c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
       if (c->kind == KVA_CACHE_KV)
         kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
-                       v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV, c->v_scale);
+                       v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV,
+                       c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     }
   }
   if (done[1] <= done[0]) {
@@ -3232,8 +3304,8 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->vt = c->kind == KVA_CACHE_KV ? c->vt[layer] : c->kt[layer];
   w->k_code_off = kva__code_offset(w->kt);
   w->v_code_off = kva__code_offset(w->vt);
-  w->k_fp8_scale = c->k_scale;
-  w->v_fp8_scale = c->kind == KVA_CACHE_KV ? c->v_scale : c->k_scale;
+  w->k_fp8_scale = c->k_fp8 + (size_t)layer * (size_t)c->G;
+  w->v_fp8_scale = c->v_fp8 + (size_t)layer * (size_t)c->G;
   w->pool = c->pool[layer];
   w->block_bytes = c->layer_block[layer];
   w->v_off = c->v_off[layer];
@@ -3588,10 +3660,10 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
   for (g = 0; g < c->G; g++) {
     if (k)
       kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D,
-                    c->k_scale);
+                    c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     if (v)
       kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV,
-                    c->v_scale);
+                    c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     if (pos) pos[g] = *kva__pos_ptr(c, layer, b, g, in_block);
   }
   return KVA_OK;

@@ -438,3 +438,179 @@ void quality_calib(const opts *o, const machine *m) {
   free(k); free(v); free(q); free(ref); free(ox); free(heavy);
 }
 
+
+/* =====================================================================
+   scales: one FP8 scale per cache, per layer, or per layer and KV head,
+   on K/V whose layers (and heads) differ in range
+   ===================================================================== */
+
+enum { SC_ONE, SC_LAYER, SC_HEAD, NSC };
+
+/* An L-layer cache of fmt (scales by `how`, from the MSE rule), every layer's
+   decode output against the f32 cache's: *mean and *worst relative RMS over layers. */
+static kva_status scales_run(const shape *s, int L, long n, int T, kva_dtype fmt, int how, const float *k,
+                             const float *v, const float *q, const float *ref, double *mean, double *worst,
+                             float *range_lo, float *range_hi) {
+  size_t per_k = (size_t)n * s->G * s->D, per_v = (size_t)n * s->G * s->DV, no = (size_t)s->H * s->DV;
+  float *lk = (float *)xalloc(sizeof(float) * (size_t)L), *lv = (float *)xalloc(sizeof(float) * (size_t)L);
+  float *hk = (float *)xalloc(sizeof(float) * (size_t)L * s->G), *hv = (float *)xalloc(sizeof(float) * (size_t)L * s->G);
+  float *ox = (float *)xalloc(no * 4);
+  kva_cache_desc d;
+  kva_attn a = shape_attn(s, 0);
+  kva_cache *c = NULL;
+  kva_status st = KVA_OK;
+  int l, tr, seq = -1, i;
+  memset(&d, 0, sizeof d);
+  d.n_layers = L, d.n_kv_heads = s->G, d.head_dim = s->D, d.v_dim = s->DV;
+  d.n_blocks = (int)(n / 16 + 2), d.dtype = fmt;
+  if (how == SC_ONE) {
+    st = kva_fp8_calibrate(fmt, k, per_k * (size_t)L, KVA_CALIB_MSE, &d.k_scale);
+    if (st == KVA_OK) st = kva_fp8_calibrate(fmt, v, per_v * (size_t)L, KVA_CALIB_MSE, &d.v_scale);
+    *range_lo = *range_hi = d.k_scale;
+  }
+  for (l = 0; l < L && st == KVA_OK && how != SC_ONE; l++) {
+    if (how == SC_LAYER) {
+      st = kva_fp8_calibrate(fmt, k + (size_t)l * per_k, per_k, KVA_CALIB_MSE, &lk[l]);
+      if (st == KVA_OK) st = kva_fp8_calibrate(fmt, v + (size_t)l * per_v, per_v, KVA_CALIB_MSE, &lv[l]);
+    } else {
+      st = kva_fp8_calibrate_heads(fmt, k + (size_t)l * per_k, (int)n, s->G, s->D, KVA_CALIB_MSE, hk + (size_t)l * s->G);
+      if (st == KVA_OK)
+        st = kva_fp8_calibrate_heads(fmt, v + (size_t)l * per_v, (int)n, s->G, s->DV, KVA_CALIB_MSE,
+                                     hv + (size_t)l * s->G);
+    }
+  }
+  if (how == SC_LAYER) d.layer_k_scale = lk, d.layer_v_scale = lv;
+  if (how == SC_HEAD) d.head_k_scale = hk, d.head_v_scale = hv;
+  if (how != SC_ONE) {
+    const float *x = how == SC_LAYER ? lk : hk;
+    int nx = how == SC_LAYER ? L : L * s->G;
+    *range_lo = *range_hi = x[0];
+    for (i = 1; i < nx; i++) {
+      if (x[i] < *range_lo) *range_lo = x[i];
+      if (x[i] > *range_hi) *range_hi = x[i];
+    }
+  }
+  if (st == KVA_OK) st = kva_cache_create(&d, &c);
+  if (st == KVA_OK) st = kva_seq_new(c, &seq);
+  if (st == KVA_OK) st = kva_seq_append(c, seq, (int)n);
+  for (l = 0; l < L && st == KVA_OK; l++)
+    st = kva_store(c, seq, l, k + (size_t)l * per_k, v + (size_t)l * per_v, (int)n);
+  *mean = *worst = 0;
+  for (l = 0; l < L && st == KVA_OK; l++) {
+    errstat e = {0, 0, 0};
+    double tmp[4096], err;
+    size_t z;
+    for (tr = 0; tr < T && st == KVA_OK; tr++) {
+      const float *rr = ref + ((size_t)l * T + (size_t)tr) * no;
+      st = kva_attend_cache(c, seq, l, &a, q + ((size_t)l * T + (size_t)tr) * s->H * s->D, 1, ox);
+      for (z = 0; z < no && z < 4096; z++) tmp[z] = rr[z];
+      if (st == KVA_OK) err_add(&e, ox, tmp, no < 4096 ? no : 4096);
+    }
+    err = e.sr > 0 ? sqrt(e.se / e.sr) : 0;
+    *mean += err / L;
+    if (err > *worst) *worst = err;
+  }
+  kva_cache_destroy(c);
+  free(lk), free(lv), free(hk), free(hv), free(ox);
+  return st;
+}
+
+void quality_scales(const opts *o, const machine *m) {
+  static const kva_dtype fmts[2] = {KVA_FP8_E4M3, KVA_FP8_E5M2};
+  static const char *how_name[NSC] = {"one per cache", "per layer", "per layer and KV head"};
+  enum { L = 6 };
+  rows t = {0};
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  long n = o->ctx[0] < 2048 ? o->ctx[0] : 2048;
+  int T = o->trials < 8 ? o->trials : 8, l, g, tr, fi, how, seq = -1;
+  size_t per_k = (size_t)n * s.G * s.D, per_v = (size_t)n * s.G * s.DV, no = (size_t)s.H * s.DV, i;
+  float *k = (float *)xalloc(per_k * L * 4), *v = (float *)xalloc(per_v * L * 4);
+  float *q = (float *)xalloc((size_t)L * T * s.H * s.D * 4), *ref = (float *)xalloc((size_t)L * T * no * 4);
+  uint64_t rng = o->seed + 43;
+  kva_cache_desc d;
+  kva_cache *c = NULL;
+  kva_attn a = shape_attn(&s, 0);
+  kva_status st;
+  char title[1200];
+  (void)m;
+  if (s.DV > 4096 / 1 || no > 4096) {
+    free(k), free(v), free(q), free(ref);
+    return;
+  }
+  progress("quality scales: data and the f32 reference");
+  /* layer l spans 8^(l - 3) (1/512 .. 64: more than E4M3's normal range, 2^-6 .. 448), KV head g a
+     further 1 + g/2; trained models' layers differ less (their checkpoints still ship a scale per layer)
+     */
+  for (l = 0; l < L; l++)
+    for (i = 0; i < (size_t)n; i++)
+      for (g = 0; g < s.G; g++) {
+        double amp = pow(8.0, l - 3) * (1.0 + 0.5 * g);
+        size_t j;
+        for (j = 0; j < (size_t)s.D; j++) k[(size_t)l * per_k + (i * s.G + g) * s.D + j] = (float)(amp * rng_gauss(&rng));
+        for (j = 0; j < (size_t)s.DV; j++) v[(size_t)l * per_v + (i * s.G + g) * s.DV + j] = (float)(amp * rng_gauss(&rng));
+      }
+  for (i = 0; i < (size_t)L * T * s.H * s.D; i++) q[i] = (float)rng_gauss(&rng);
+  memset(&d, 0, sizeof d);
+  d.n_layers = L, d.n_kv_heads = s.G, d.head_dim = s.D, d.v_dim = s.DV, d.n_blocks = (int)(n / 16 + 2);
+  d.dtype = KVA_F32;
+  st = kva_cache_create(&d, &c);
+  if (st == KVA_OK) st = kva_seq_new(c, &seq);
+  if (st == KVA_OK) st = kva_seq_append(c, seq, (int)n);
+  for (l = 0; l < L && st == KVA_OK; l++) st = kva_store(c, seq, l, k + (size_t)l * per_k, v + (size_t)l * per_v, (int)n);
+  for (l = 0; l < L && st == KVA_OK; l++)
+    for (tr = 0; tr < T && st == KVA_OK; tr++) {
+      /* scores scaled back to ~N(0,1) per layer: the queries carry 1 / the layer's key range */
+      float *qq = q + ((size_t)l * T + (size_t)tr) * s.H * s.D;
+      size_t z;
+      for (z = 0; z < (size_t)s.H * s.D; z++) qq[z] /= (float)pow(8.0, l - 3);
+      st = kva_attend_cache(c, seq, l, &a, qq, 1, ref + ((size_t)l * T + (size_t)tr) * no);
+    }
+  kva_cache_destroy(c);
+  if (st != KVA_OK) {
+    row *w = rows_add(&t, "scales");
+    rs(w, C_NOTE, "ERROR f32 reference: %s", kva_status_str(st));
+    g_failed = 1;
+  }
+  for (fi = 0; fi < 2 && st == KVA_OK; fi++) {
+    double one = 0;
+    for (how = 0; how < NSC; how++) {
+      row *w = rows_add(&t, "scales");
+      double mean, worst;
+      float lo, hi;
+      kva_status rs_st;
+      progress("quality scales: %s %s", dtype_str(fmts[fi]), how_name[how]);
+      set_shape_cols(w, &s, fmts[fi]);
+      rs(w, C_RULE, "%s", how_name[how]);
+      rn(w, C_CTX, (double)n);
+      rn(w, C_NQ, T);
+      rs_st = scales_run(&s, L, n, T, fmts[fi], how, k, v, q, ref, &mean, &worst, &lo, &hi);
+      if (rs_st != KVA_OK) {
+        rs(w, C_NOTE, "ERROR %s", kva_status_str(rs_st));
+        g_failed = 1;
+        continue;
+      }
+      if (how == SC_ONE) one = mean;
+      rn(w, C_RELRMS, mean);
+      rn(w, C_MAXABS, worst);
+      if (one > 0) rn(w, C_RATIO, mean / one);
+      rs(w, C_NOTE, lo == hi ? "K scale %.3g" : "K scales %.3g-%.3g", (double)lo, (double)hi);
+    }
+  }
+  progress_end();
+  if (g_fmt == OUT_TABLE) {
+    static const vcol vv[] = {{C_DTYPE, "format", FM_STR},        {C_RULE, "FP8 scales", FM_STR},
+                              {C_RELRMS, "out rel RMS (mean of layers)", FM_E},
+                              {C_MAXABS, "worst layer", FM_E},   {C_RATIO, "vs one scale", FM_X},
+                              {C_NOTE, "note", FM_STR}};
+    snprintf(title, sizeof title,
+             "FP8 scales per cache, per layer, per layer and KV head (kva_cache_desc.layer_k_scale / head_k_scale,\n"
+             "  kva_fp8_calibrate / kva_fp8_calibrate_heads, MSE rule): %d layers of GQA H=%d G=%d D=%d, %ld tokens;\n"
+             "  layer l's K and V ~ N(0, 8^(l-3)) (1/512 .. 64), KV head g x(1 + g/2). Decode (n_q=1, %d queries per\n"
+             "  layer) against the f32 cache; vs one scale = mean error / the one-scale cache's.",
+             L, o->H, o->G, o->D, n, T);
+    print_table(title, vv, NV(vv), &t, C_DTYPE);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+  free(k), free(v), free(q), free(ref);
+}

@@ -47,6 +47,19 @@ typedef struct {
   int n;
 } qm_case;
 
+/* "lo-hi (x ratio)" of n scales, in one of two static buffers */
+static const char *qm_range(const float *x, size_t n, int which) {
+  static char buf[2][64];
+  float lo = x[0], hi = x[0];
+  size_t i;
+  for (i = 1; i < n; i++) {
+    if (x[i] < lo) lo = x[i];
+    if (x[i] > hi) hi = x[i];
+  }
+  snprintf(buf[which], sizeof buf[which], "%.3g-%.3g (x%.2f)", lo, hi, (double)(hi / lo));
+  return buf[which];
+}
+
 static char *qm_read(const char *path, long *len) {
   FILE *f = fopen(path, "rb");
   char *b;
@@ -206,6 +219,7 @@ void quality_model(const opts *o, const machine *m) {
   char path[1200], err[1200], title[3000], *txt = NULL;
   double *lp = NULL, *pp = NULL, t_start = now_s(), t_loss = 0;
   float cal[2][2] = {{1, 1}, {1, 1}}; /* [e4m3, e5m2][K, V] */
+  float *lcal = NULL, *hcal = NULL;    /* [e4m3, e5m2][K, V][n_layers] and [..][n_layers][n_kv_heads] */
   int ok_all = 1, have_tz = 0;
   (void)m;
   memset(&md, 0, sizeof md);
@@ -359,6 +373,24 @@ void quality_model(const opts *o, const machine *m) {
       if ((cs = kva_fp8_calibrate(f, kb, nv, KVA_CALIB_MSE, &cal[i][0])) == KVA_OK)
         cs = kva_fp8_calibrate(f, vb, nv, KVA_CALIB_MSE, &cal[i][1]);
     }
+    /* the same rule per layer, and per layer and KV head (the sample is [layer][token][kv_dim]) */
+    {
+      int G = md.c.n_kv_heads, D = md.c.head_dim, kv;
+      size_t per_layer = nv / (size_t)md.c.n_layers;
+      lcal = (float *)xalloc(sizeof(float) * 4 * (size_t)md.c.n_layers);
+      hcal = (float *)xalloc(sizeof(float) * 4 * (size_t)md.c.n_layers * (size_t)G);
+      for (i = 0; i < 2 && cs == KVA_OK; i++)
+        for (kv = 0; kv < 2 && cs == KVA_OK; kv++)
+          for (j = 0; j < md.c.n_layers && cs == KVA_OK; j++) {
+            kva_dtype f = i ? KVA_FP8_E5M2 : KVA_FP8_E4M3;
+            const float *x = (kv ? vb : kb) + (size_t)j * per_layer;
+            cs = kva_fp8_calibrate(f, x, per_layer, KVA_CALIB_MSE, &lcal[(i * 2 + kv) * md.c.n_layers + j]);
+            if (cs == KVA_OK)
+              cs = kva_fp8_calibrate_heads(f, x, (int)(per_layer / (size_t)(G * D)), G, D, KVA_CALIB_MSE,
+                                           hcal + ((size_t)(i * 2 + kv) * (size_t)md.c.n_layers + (size_t)j) *
+                                                      (size_t)G);
+          }
+    }
     free(kb);
     free(vb);
     if (cs != KVA_OK) {
@@ -381,14 +413,24 @@ void quality_model(const opts *o, const machine *m) {
       q->co.k_dtype = q->co.v_dtype = plain[i];
       snprintf(q->name, sizeof q->name, "%s", dtype_str(plain[i]));
     }
-    for (i = 0; i < 4; i++) {
+    for (i = 0; i < 8; i++) { /* per format: scale 1, one calibrated scale, per layer, per layer and head */
       qm_cfg *q = &cf[n_cfg++];
-      kva_dtype f = i < 2 ? KVA_FP8_E4M3 : KVA_FP8_E5M2;
+      int fi = i / 4, how = i % 4;
+      kva_dtype f = fi ? KVA_FP8_E5M2 : KVA_FP8_E4M3;
+      static const char *const how_name[4] = {"scale 1", "calibrated", "cal. per layer", "cal. per head"};
       q->kind = QK_FP8;
       q->co.k_dtype = q->co.v_dtype = f;
-      q->co.k_scale = i % 2 ? cal[i / 2][0] : 1.0f;
-      q->co.v_scale = i % 2 ? cal[i / 2][1] : 1.0f;
-      snprintf(q->name, sizeof q->name, "%s %s", dtype_str(f), i % 2 ? "calibrated" : "scale 1");
+      q->co.k_scale = how ? cal[fi][0] : 1.0f;
+      q->co.v_scale = how ? cal[fi][1] : 1.0f;
+      if (how == 2) {
+        q->co.layer_k_scale = lcal + (size_t)(fi * 2) * (size_t)L;
+        q->co.layer_v_scale = lcal + (size_t)(fi * 2 + 1) * (size_t)L;
+      }
+      if (how == 3) {
+        q->co.head_k_scale = hcal + (size_t)(fi * 2) * (size_t)L * (size_t)md.c.n_kv_heads;
+        q->co.head_v_scale = hcal + (size_t)(fi * 2 + 1) * (size_t)L * (size_t)md.c.n_kv_heads;
+      }
+      snprintf(q->name, sizeof q->name, "%s %s", dtype_str(f), how_name[how]);
     }
     for (i = 0; i < 2 && n_edge > 0; i++) {
       qm_cfg *q = &cf[n_cfg++];
@@ -579,7 +621,15 @@ void quality_model(const opts *o, const machine *m) {
       } else {
         rs(r, C_PASS, q->checked ? "ok" : "");
         if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0))
-          rs(r, C_NOTE, "scales K %.3g V %.3g", q->co.k_scale, q->co.v_scale);
+        {
+          const float *ks = q->co.head_k_scale ? q->co.head_k_scale : q->co.layer_k_scale;
+          const float *vs = q->co.head_v_scale ? q->co.head_v_scale : q->co.layer_v_scale;
+          size_t n = q->co.head_k_scale ? (size_t)L * (size_t)md.c.n_kv_heads : (size_t)L;
+          if (ks)
+            rs(r, C_NOTE, "scales K %s, V %s", qm_range(ks, n, 0), qm_range(vs, n, 1));
+          else
+            rs(r, C_NOTE, "scales K %.3g V %.3g", q->co.k_scale, q->co.v_scale);
+        }
         else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32)
           rs(r, C_NOTE, "a second run: bit-identical to the reference");
         else if (q->kind == QK_EVICT)
@@ -703,6 +753,8 @@ out:
   for (i = 0; i < n_cases; i++) free(cases[i].tok);
   free(cases);
   free(cf);
+  free(lcal);
+  free(hcal);
   free(lp);
   free(pp);
   free(ids);

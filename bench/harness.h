@@ -266,6 +266,7 @@ typedef void (*part_fn)(const opts *o, const machine *m);
   X(DTYPES, "dtypes", "quality", quality_dtypes)        \
   X(EVICT, "evict", "quality", quality_evict)           \
   X(CALIB, "calib", "quality", quality_calib)           \
+  X(SCALES, "scales", "quality", quality_scales)        \
   X(MODEL, "model", "quality", quality_model)           \
   X(ATTN, "attn", "paged", paged_attn)                  \
   X(TRACE, "trace", "paged", paged_trace)               \

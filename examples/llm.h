@@ -899,6 +899,8 @@ typedef struct {
   kva_dtype k_dtype, v_dtype;    /* storage of K and V (DEFAULT = kvattn's default, F16) */
   const kva_dtype *layer_dtype;  /* NULL or [n_layers]: per-layer type of K and V */
   float k_scale, v_scale;        /* FP8 tensor scales; 0 = 1 */
+  const float *layer_k_scale, *layer_v_scale; /* NULL or [n_layers]: per-layer FP8 scales */
+  const float *head_k_scale, *head_v_scale;   /* NULL or [n_layers][n_kv_heads]: per layer and KV head */
   int block_size;                /* tokens per block; 0 = kvattn's default (16) */
   int n_blocks;                  /* pool size in blocks */
   int max_seqs;                  /* live sequences at once; 0 = kvattn's default */
@@ -914,6 +916,10 @@ static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, 
   d->layer_dtype = o->layer_dtype;
   d->k_scale = o->k_scale > 0.0f ? o->k_scale : 1.0f;
   d->v_scale = o->v_scale > 0.0f ? o->v_scale : 1.0f;
+  d->layer_k_scale = o->layer_k_scale;
+  d->layer_v_scale = o->layer_v_scale;
+  d->head_k_scale = o->head_k_scale;
+  d->head_v_scale = o->head_v_scale;
   d->block_size = o->block_size;
   d->n_blocks = o->n_blocks;
   d->max_seqs = o->max_seqs;

@@ -597,6 +597,56 @@ static void test_calibrate_args(void) {
   KT_CHECK(s > 0.0f && s <= FLT_MAX, "4-value sample: scale %g", (double)s);
 }
 
+/* kva_fp8_calibrate_heads: each head's scale equals kva_fp8_calibrate over
+   that head's values gathered into one array (any rule, any shape), heads
+   of very different ranges get scales in proportion; arguments */
+static void test_calibrate_heads(void) {
+  kt_rng r;
+  int rep, fi, ru;
+  kt_begin("fp8bulk: kva_fp8_calibrate_heads == kva_fp8_calibrate per head");
+  kt_seed(&r, 0xCA1D);
+  for (rep = 0; rep < kt_iters(12); rep++) {
+    int T = kt_int(&r, 1, 300), Hh = kt_int(&r, 1, 6), Dh = kt_int(&r, 1, 70), h, t, i;
+    float *x = KT_ALLOC(float, (size_t)T * Hh * Dh), *gather = KT_ALLOC(float, (size_t)T * Dh);
+    float scales[6], want = 0.0f;
+    for (h = 0; h < Hh; h++) { /* head h spans 10^(h - 2) */
+      double sd = pow(10.0, (double)h - 2.0);
+      for (t = 0; t < T; t++)
+        for (i = 0; i < Dh; i++) x[((size_t)t * Hh + h) * Dh + i] = (float)(sd * fb_gauss(&r));
+    }
+    if (rep % 3 == 0) x[kt_int(&r, 0, T * Hh * Dh - 1)] = kt_u2f(0x7fc00000u); /* a NaN is ignored */
+    for (fi = 0; fi < 2; fi++)
+      for (ru = 0; ru < 4; ru++) {
+        const fb_fmt *f = &fb_fmts[fi];
+        KT_STATUS(kva_fp8_calibrate_heads(f->dt, x, T, Hh, Dh, (kva_calib)ru, scales), KVA_OK);
+        for (h = 0; h < Hh; h++) {
+          for (t = 0; t < T; t++) memcpy(gather + (size_t)t * Dh, x + ((size_t)t * Hh + h) * Dh, sizeof(float) * Dh);
+          KT_STATUS(kva_fp8_calibrate(f->dt, gather, (size_t)T * Dh, (kva_calib)ru, &want), KVA_OK);
+          KT_CHECK(kt_f2u(scales[h]) == kt_f2u(want), "%s rule %d T%d H%d D%d head %d: %.9g, per-head gather %.9g",
+                   f->name, ru, T, Hh, Dh, h, (double)scales[h], (double)want);
+        }
+      }
+    free(x);
+    free(gather);
+  }
+  kt_begin("fp8bulk: kva_fp8_calibrate_heads arguments");
+  {
+    float x[2 * 3 * 4] = {0}, sc[3] = {KT_SENTINEL, KT_SENTINEL, KT_SENTINEL};
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_INT8, x, 2, 3, 4, KVA_CALIB_MSE, sc), KVA_ERR_ARG);
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E4M3, x, 2, 3, 4, (kva_calib)9, sc), KVA_ERR_ARG);
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E4M3, NULL, 2, 3, 4, KVA_CALIB_MSE, sc), KVA_ERR_ARG);
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E4M3, x, -1, 3, 4, KVA_CALIB_MSE, sc), KVA_ERR_ARG);
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E4M3, x, 2, 0, 4, KVA_CALIB_MSE, sc), KVA_ERR_ARG);
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E4M3, x, 2, 3, 0, KVA_CALIB_MSE, sc), KVA_ERR_ARG);
+    KT_CHECK(kt_f2u(sc[0]) == kt_f2u(KT_SENTINEL) && kt_f2u(sc[2]) == kt_f2u(KT_SENTINEL),
+             "scales changed on error");
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E4M3, x, 2, 3, 4, KVA_CALIB_MSE, NULL), KVA_ERR_ARG);
+    KT_STATUS(kva_fp8_calibrate_heads(KVA_FP8_E5M2, NULL, 0, 3, 4, KVA_CALIB_MSE, sc), KVA_OK);
+    KT_CHECK(sc[0] == 1.0f && sc[1] == 1.0f && sc[2] == 1.0f, "no tokens: scales %g %g %g, want 1", (double)sc[0],
+             (double)sc[1], (double)sc[2]);
+  }
+}
+
 void test_fp8bulk(void) {
   fb_init();
   test_encode_all_top16();
@@ -608,4 +658,5 @@ void test_fp8bulk(void) {
   test_calibrate_large();
   test_calibrate_special_samples();
   test_calibrate_args();
+  test_calibrate_heads();
 }

@@ -31,6 +31,11 @@
  *      kva_cache_bytes_per_token == the sum per layer of K and V bytes (+4 per
  *      token per head for INT8; LATENT once).
  *      FP8 scales <= 0 or NaN -> KVA_ERR_ARG at create; INT8 ignores them.
+ *      FP8 scales per layer (layer_k_scale / layer_v_scale) and per layer and
+ *      KV head (head_k_scale / head_v_scale), mixed over layers of every type:
+ *      each head's read-back exact under its own scale (the most specific one
+ *      given), attention over it as above; an invalid entry of an FP8 layer is
+ *      refused, entries of other layers are not read.
  *      K with a few channels 10-20x larger than the rest (Llama-like outliers).
  */
 #include <float.h>
@@ -465,8 +470,22 @@ typedef struct {
   kva_dtype kdt, vdt;
   const kva_dtype *ldt; /* NULL or [L] */
   float ks, vs;
+  const float *lks, *lvs; /* NULL or [L]: per-layer FP8 scales */
+  const float *hks, *hvs; /* NULL or [L][G]: per layer and KV head */
   int n_threads;
 } qc_case;
+
+/* The FP8 scale the cache must use for layer l, head g: per head over per
+   layer over the single one; LATENT's V is its K. */
+static float qc_scale(const qc_case *cs, int is_v, int l, int g) {
+  const float *h, *ly;
+  if (cs->kind == KVA_CACHE_LATENT) is_v = 0;
+  h = is_v ? cs->hvs : cs->hks;
+  ly = is_v ? cs->lvs : cs->lks;
+  if (h) return h[l * cs->G + g];
+  if (ly) return ly[l];
+  return is_v ? cs->vs : cs->ks;
+}
 
 /* Fill one token's [G][dim] vectors with Llama-like structure: uniform values,
    a few channels 10-20x larger (outliers) in even heads, occasional tiny or
@@ -486,10 +505,11 @@ static void qc_gen(kt_rng *r, float *x, int G, int dim, int outliers, int zero_t
 }
 
 static void qc_describe(const qc_case *cs, char *buf, size_t n) {
-  snprintf(buf, n, "%s L%d G%d H%d D%d Dv%d bs%d k=%s v=%s%s ks=%g vs=%g",
+  snprintf(buf, n, "%s L%d G%d H%d D%d Dv%d bs%d k=%s v=%s%s ks=%g vs=%g%s%s%s%s",
            cs->kind == KVA_CACHE_LATENT ? "latent" : "kv", cs->L, cs->G, cs->H, cs->D, cs->Dv, cs->bs,
            qc_tname(cs->kdt), qc_tname(cs->vdt), cs->ldt ? " +layer_dtype" : "", (double)cs->ks,
-           (double)cs->vs);
+           (double)cs->vs, cs->lks ? " +layer_k_scale" : "", cs->lvs ? " +layer_v_scale" : "",
+           cs->hks ? " +head_k_scale" : "", cs->hvs ? " +head_v_scale" : "");
 }
 
 static double qc_worst_attn; /* worst |diff| / (1 + max|v|) */
@@ -524,6 +544,10 @@ static void qc_run_case(const qc_case *cs, kt_rng *r, int total_tokens) {
   d.layer_dtype = cs->ldt;
   d.k_scale = cs->ks;
   d.v_scale = cs->vs;
+  d.layer_k_scale = cs->lks;
+  d.layer_v_scale = cs->lvs;
+  d.head_k_scale = cs->hks;
+  d.head_v_scale = cs->hvs;
   d.max_seqs = 4;
 
   KT_CHECK(kva_cache_bytes_per_token(&d) == qc_expected_bpt(&d),
@@ -578,10 +602,7 @@ static void qc_run_case(const qc_case *cs, kt_rng *r, int total_tokens) {
     len += n;
     for (l = 0; l < L; l++) {
       kva_dtype kt, vt;
-      float kcs, vcs;
       qc_layer_types(&d, l, &kt, &vt);
-      kcs = cs->ks;
-      vcs = latent ? cs->ks : cs->vs;
       /* appended but not stored yet: zeros */
       for (t = len - n; t < len; t++) {
         st = kva_seq_read(c, seq, l, t, rk, latent ? NULL : rv, pos);
@@ -617,9 +638,10 @@ static void qc_run_case(const qc_case *cs, kt_rng *r, int total_tokens) {
         KT_CHECK(st == KVA_OK, "%s: read -> %d", name, (int)st);
         for (g = 0; g < G; g++) {
           KT_CHECK(pos[g] == t, "%s: slot %d head %d pos %d", name, t, g, (int)pos[g]);
-          qc_check_row(kt, kcs, sk + (size_t)g * D, fk + (size_t)g * D, D, latent ? "latent" : "K", l, t, g);
+          qc_check_row(kt, qc_scale(cs, 0, l, g), sk + (size_t)g * D, fk + (size_t)g * D, D,
+                       latent ? "latent" : "K", l, t, g);
           if (!latent)
-            qc_check_row(vt, vcs, sv + (size_t)g * Dv, fv + (size_t)g * Dv, Dv, "V", l, t, g);
+            qc_check_row(vt, qc_scale(cs, 1, l, g), sv + (size_t)g * Dv, fv + (size_t)g * Dv, Dv, "V", l, t, g);
         }
         have[(size_t)l * total_tokens + t] = 1;
       }
@@ -837,6 +859,47 @@ static void test_quant_cache(void) {
       qc_run_case(&cs, &r, kt_quick ? 10 : 25);
     }
   }
+
+  /* FP8 scales per layer and per (layer, KV head), as checkpoints ship them:
+     every read-back exact under its own head's scale, attention over it;
+     entries of non-FP8 layers are NaN (must not be read); the single and
+     per-layer scales are 0 or NaN when a more specific array covers them */
+  kt_begin("quant: cache per-layer and per-head FP8 scales");
+  for (i = 0; i < (kt_quick ? 16 : 32); i++) {
+    qc_case cs;
+    float lks[4], lvs[4], hks[4 * 4], hvs[4 * 4];
+    int l, g, which = i % 4; /* 0: layer K+V, 1: head K+V, 2: head K + layer V, 3: both for K (head wins) */
+    memset(&cs, 0, sizeof cs);
+    cs.kind = (i % 8 == 7) ? KVA_CACHE_LATENT : KVA_CACHE_KV;
+    cs.L = kt_int(&r, 1, 4);
+    cs.G = cs.kind == KVA_CACHE_LATENT ? 1 : kt_int(&r, 1, 4);
+    cs.H = cs.G * kt_int(&r, 1, 3);
+    cs.D = kt_pick(&r, dims, 6);
+    cs.Dv = cs.kind == KVA_CACHE_LATENT ? (cs.D > 1 ? cs.D - 1 : 1) : kt_pick(&r, dims, 6);
+    if (kt_quick && cs.D > 64) cs.D = 37, cs.Dv = cs.kind == KVA_CACHE_LATENT ? 36 : cs.Dv;
+    cs.bs = kt_pick(&r, bss, 3);
+    for (l = 0; l < cs.L; l++) ldt[l] = allt[kt_int(&r, 0, 5)];
+    ldt[kt_int(&r, 0, cs.L - 1)] = qt[1 + kt_int(&r, 0, 1)]; /* at least one FP8 layer */
+    cs.ldt = ldt;
+    cs.kdt = cs.vdt = KVA_F32; /* overridden */
+    for (l = 0; l < cs.L; l++) {
+      int fp8 = qc_is_fp8(ldt[l]);
+      lks[l] = fp8 ? qc_scale_for(ldt[l], &r) : NAN;
+      lvs[l] = fp8 ? qc_scale_for(ldt[l], &r) : NAN;
+      for (g = 0; g < cs.G; g++) {
+        hks[l * cs.G + g] = fp8 ? qc_scale_for(ldt[l], &r) : NAN;
+        hvs[l * cs.G + g] = fp8 ? qc_scale_for(ldt[l], &r) : NAN;
+      }
+    }
+    cs.ks = which == 3 ? 0.0f : NAN;
+    cs.vs = cs.kind == KVA_CACHE_LATENT ? 0.0f : which == 3 ? 0.5f : NAN;
+    if (which == 0) cs.lks = lks, cs.lvs = lvs;
+    if (which == 1) cs.hks = hks, cs.hvs = hvs;
+    if (which == 2) cs.hks = hks, cs.lvs = lvs;
+    if (which == 3) cs.hks = hks, cs.lks = lks;
+    cs.n_threads = kt_int(&r, 0, 2);
+    qc_run_case(&cs, &r, kt_int(&r, 1, kt_quick ? 20 : 40));
+  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -918,6 +981,48 @@ static void test_quant_desc(void) {
   c = NULL;
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
   if (c) kva_cache_destroy(c);
+
+  /* per-layer / per-head scales: an FP8 layer's entry must be valid; the
+     entries of other layers are not read; a covered single scale may be 0 */
+  kt_begin("quant: per-layer and per-head FP8 scale validation");
+  {
+    kva_dtype ldt[2] = {KVA_F16, KVA_FP8_E4M3};
+    float lk[2], hk[4], lv[2] = {0.5f, 0.5f}, hv[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    static const float badv[5] = {0.0f, -1.0f, (float)NAN, (float)INFINITY, -0.0f};
+    kva_cache_desc e = d;
+    e.dtype = e.v_dtype = KVA_F16;
+    e.layer_dtype = ldt;
+    e.k_scale = e.v_scale = 0.0f;
+    for (i = 0; i < 5; i++) {
+      lk[0] = (float)NAN, lk[1] = badv[i]; /* layer 0 is F16: its NaN is not read */
+      e.layer_k_scale = lk, e.layer_v_scale = lv, e.head_k_scale = e.head_v_scale = NULL;
+      c = NULL;
+      KT_CHECK(kva_cache_create(&e, &c) == KVA_ERR_ARG, "layer_k_scale[1] = %g accepted", (double)badv[i]);
+      if (c) kva_cache_destroy(c);
+      hk[0] = hk[1] = (float)NAN, hk[2] = 0.5f, hk[3] = badv[i]; /* layer 1, head 1 bad */
+      e.layer_k_scale = NULL, e.head_k_scale = hk, e.head_v_scale = hv;
+      c = NULL;
+      KT_CHECK(kva_cache_create(&e, &c) == KVA_ERR_ARG, "head_k_scale[1][1] = %g accepted", (double)badv[i]);
+      if (c) kva_cache_destroy(c);
+    }
+    hk[3] = 0.25f;
+    c = NULL;
+    KT_STATUS(kva_cache_create(&e, &c), KVA_OK); /* valid heads; F16 layer's NaN entries and k_scale 0 unread */
+    if (c) kva_cache_destroy(c);
+    e.head_v_scale = NULL, e.layer_v_scale = NULL; /* V's FP8 layer falls back to v_scale 0 */
+    c = NULL;
+    KT_CHECK(kva_cache_create(&e, &c) == KVA_ERR_ARG, "FP8 V layer without any valid V scale accepted");
+    if (c) kva_cache_destroy(c);
+    e.layer_v_scale = lv;
+    hk[3] = FLT_MAX / 256.0f; /* E4M3 folds x256 into the scale: beyond what stays finite */
+    c = NULL;
+    KT_CHECK(kva_cache_create(&e, &c) == KVA_ERR_UNSUPPORTED, "E4M3 head scale FLT_MAX/256 not refused");
+    if (c) kva_cache_destroy(c);
+    ldt[1] = KVA_FP8_E5M2; /* E5M2 takes it */
+    c = NULL;
+    KT_STATUS(kva_cache_create(&e, &c), KVA_OK);
+    if (c) kva_cache_destroy(c);
+  }
 
   /* LATENT: one vector, one scale (k_scale) */
   {
