@@ -270,13 +270,19 @@ typedef enum { KVA_CALIB_MSE = 0, KVA_CALIB_ABSMAX, KVA_CALIB_VLLM_K, KVA_CALIB_
 
 typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
 
+/* What eviction a cache's sequences may use, so a cache that will not evict
+   pays nothing for it: ALL keeps a position and an H2O score per token, KV
+   head and layer (8 bytes); WINDOW positions only (4); NONE neither
+   (positions are the slots). */
+typedef enum { KVA_EVICT_SUPPORT_ALL = 0, KVA_EVICT_SUPPORT_WINDOW, KVA_EVICT_SUPPORT_NONE } kva_evict_support;
+
 typedef struct {
   int kind;                       /* a kva_cache_kind (an int, so that `= {0}` compiles as C++ too);
                                      LATENT: one vector per token, V = its first v_dim values (MLA) */
   int n_layers, n_kv_heads, head_dim, v_dim; /* v_dim 0 => head_dim */
   int block_size;                 /* tokens per block; 0 => 16 */
   int n_blocks;                   /* pool size; 0 => derived from max_bytes */
-  size_t max_bytes;               /* KV bytes of the pool when n_blocks == 0 */
+  size_t max_bytes;               /* when n_blocks == 0: the whole footprint (kva_cache_size) at most */
   kva_dtype dtype;                /* storage of K (and V); DEFAULT => KVA_F16 */
   kva_dtype v_dtype;              /* DEFAULT => same as dtype */
   const kva_dtype *layer_dtype;   /* NULL or [n_layers]: per-layer override of both */
@@ -286,6 +292,8 @@ typedef struct {
   const float *head_k_scale, *head_v_scale;   /* NULL or [n_layers][n_kv_heads]: per layer and KV head
                                                  (over both); entries of non-FP8 layers are not read */
   int max_seqs;                   /* live sequences at once; 0 => 256 */
+  int max_seq_len;                /* tokens one sequence may hold (sizes its block table); 0 => the pool */
+  int evict_support;              /* a kva_evict_support; 0 => ALL */
   int prefix_max_age;             /* 0 => none; else a published block unused for this many
                                      kva_seq_append calls (cache-wide) is forgotten */
   void *(*alloc_fn)(size_t size, size_t align, void *user);
@@ -302,6 +310,7 @@ typedef struct {
   size_t block_bytes;   /* one block, all layers, K+V+scales */
   size_t bytes_total;   /* the whole pool */
   size_t bytes_meta;    /* bookkeeping: tables, positions, sequence records */
+  size_t bytes_footprint; /* the whole allocation: pool + bookkeeping (what kva_cache_size said) */
   long tokens_held;     /* sum of kva_seq_len over live sequences */
   long prefix_queries, prefix_hits; /* tokens asked for / tokens reused by kva_seq_new_prefix */
   /* occupancy and event counters: */
@@ -392,6 +401,7 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
 
 /* the cache */
 KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d);
+KVA_API kva_status kva_cache_size(const kva_cache_desc *d, size_t *bytes);
 KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out);
 KVA_API void kva_cache_destroy(kva_cache *c);
 KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st);
@@ -1788,11 +1798,12 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
       size_t hs = (size_t)g * (size_t)bs;
       const unsigned char *kr = b + (hs + (size_t)slot) * w->k_row + w->k_code_off;
       const unsigned char *vr = b + w->v_off + (hs + (size_t)slot) * w->v_row + w->v_code_off;
-      const int32_t *pp = w->block_pos + ((size_t)blk * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs;
+      const int32_t *pp = w->block_pos ? w->block_pos + ((size_t)blk * (size_t)w->n_kv_heads + (size_t)g) * (size_t)bs
+                                       : NULL; /* NULL: nothing is evicted, a token's position is its slot */
       for (; slot < bs && j < n; slot++, j++, kr += w->k_row, vr += w->v_row) {
         krows[j] = kr;
         vrows[j] = vr;
-        if (kpos) kpos[j] = pp[slot];
+        if (kpos) kpos[j] = pp ? pp[slot] : (int32_t)(j0 + j);
       }
     }
   }
@@ -2315,15 +2326,16 @@ typedef struct {
 
 struct kva_cache {
   kva_cache_kind kind;
-  int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live;
+  int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live; /* max_table: blocks one sequence may hold */
+  int evict_support;        /* a kva_evict_support */
   float *k_fp8, *v_fp8;     /* [n_layers][G] FP8 scales (1 where not FP8; LATENT: v_fp8 = k_fp8) */
   kva_dtype *kt, *vt;       /* [n_layers] */
   size_t *k_row, *v_row;    /* [n_layers] bytes of one token of one head */
   size_t *v_off;            /* [n_layers] offset of V inside a layer block */
   size_t *layer_block;      /* [n_layers] bytes of one block of one layer */
   unsigned char **pool;     /* [n_layers] */
-  int32_t *block_pos;       /* [n_layers][n_blocks][G][bs] */
-  float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention */
+  int32_t *block_pos;       /* [n_layers][n_blocks][G][bs], NULL: evict_support NONE (position = slot) */
+  float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention, NULL unless ALL */
   int32_t *victims;         /* [n_blocks * bs] eviction scratch */
   unsigned char *victim_flag; /* [n_blocks * bs] */
   kva__block *blk;          /* [n_blocks + 2]; sentinels: free list n_blocks, cached list n_blocks+1 */
@@ -2473,41 +2485,65 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->v_off = (size_t *)kva__carve(L, layers, sizeof(size_t));
   c->layer_block = (size_t *)kva__carve(L, layers, sizeof(size_t));
   c->pool = (unsigned char **)kva__carve(L, layers, sizeof(unsigned char *));
-  c->block_pos = (int32_t *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(int32_t));
-  c->block_score = (float *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(float));
+  c->block_pos = (int32_t *)kva__carve(L, c->evict_support == KVA_EVICT_SUPPORT_NONE ? 0 : layers * slots * (size_t)c->G,
+                                       sizeof(int32_t));
+  c->block_score = (float *)kva__carve(L, c->evict_support == KVA_EVICT_SUPPORT_ALL ? layers * slots * (size_t)c->G : 0,
+                                       sizeof(float));
+  if (c->evict_support == KVA_EVICT_SUPPORT_NONE) c->block_pos = NULL;
+  if (c->evict_support != KVA_EVICT_SUPPORT_ALL) c->block_score = NULL;
   c->victims = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
   c->victim_flag = (unsigned char *)kva__carve(L, slots, 1);
   c->blk = (kva__block *)kva__carve(L, blocks + 2, sizeof(kva__block));
   c->blk_tokens = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
   c->buckets = (int32_t *)kva__carve(L, n_buckets, sizeof(int32_t));
   c->seqs = (kva__seq *)kva__carve(L, (size_t)c->max_seqs, sizeof(kva__seq));
-  c->seq_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * blocks, sizeof(int32_t));
+  c->seq_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * (size_t)c->max_table, sizeof(int32_t));
   c->seq_stored = (int32_t *)kva__carve(L, (size_t)c->max_seqs * layers * 2, sizeof(int32_t));
   c->k_fp8 = (float *)kva__carve(L, layers * (size_t)c->G, sizeof(float));
   c->v_fp8 = (float *)kva__carve(L, layers * (size_t)c->G, sizeof(float));
   return (unsigned char *)kva__carve(L, blocks, c->block_bytes);
 }
 
-KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
-  kva_cache shape, *c;
+/* The whole footprint of a cache of `shape` with n_blocks blocks: what is
+   asked of the allocator (KVATTN_MALLOC: 64 bytes more, to align by hand);
+   SIZE_MAX if it does not fit in size_t. Sets the shape's n_blocks and
+   max_table, and *n_buckets. */
+static inline size_t kva__cache_footprint(const kva_cache_desc *d, kva_cache *shape, int n_blocks, size_t *n_buckets) {
   kva__layout L;
-  void *allocated; /* what free_fn / KVATTN_FREE gets back */
-  size_t n_buckets = 1, data;
+  size_t extra = d->alloc_fn ? 0 : 64;
+  long table = d->max_seq_len > 0 ? ((long)d->max_seq_len + shape->bs - 1) / shape->bs : n_blocks;
+  shape->n_blocks = n_blocks;
+  shape->max_table = table < n_blocks ? (int)table : n_blocks;
+  *n_buckets = 1;
+  while (*n_buckets < (size_t)n_blocks) *n_buckets <<= 1;
+  if (shape->block_bytes > ((size_t)-1) / 4 / (size_t)n_blocks) return (size_t)-1;
+  L.base = NULL, L.size = 0, L.overflow = 0;
+  kva__cache_layout(&L, shape, *n_buckets);
+  if (L.overflow || L.size > (size_t)-1 - extra) return (size_t)-1;
+  return L.size + extra;
+}
+
+/* Checks a description and computes the cache's shape: the pool size is
+   n_blocks, or the most blocks whose whole footprint fits max_bytes. */
+static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *shape, size_t *n_buckets,
+                                          size_t *footprint) {
   int l, i;
-  unsigned char *raw, *pool;
-  if (!out || !kva__desc_shape_ok(d)) return KVA_ERR_ARG;
-  if (d->block_size < 0 || d->n_blocks < 0 || d->max_seqs < 0 || d->prefix_max_age < 0) return KVA_ERR_ARG;
+  if (!kva__desc_shape_ok(d)) return KVA_ERR_ARG;
+  if (d->block_size < 0 || d->n_blocks < 0 || d->max_seqs < 0 || d->prefix_max_age < 0 || d->max_seq_len < 0)
+    return KVA_ERR_ARG;
+  if (d->evict_support < KVA_EVICT_SUPPORT_ALL || d->evict_support > KVA_EVICT_SUPPORT_NONE) return KVA_ERR_ARG;
   if ((d->alloc_fn == NULL) != (d->free_fn == NULL)) return KVA_ERR_ARG;
   if (d->n_blocks == 0 && d->max_bytes == 0) return KVA_ERR_ARG;
-  memset(&shape, 0, sizeof shape);
-  shape.kind = (kva_cache_kind)d->kind;
-  shape.n_layers = d->n_layers;
-  shape.G = d->n_kv_heads;
-  shape.D = d->head_dim;
-  shape.DV = d->v_dim ? d->v_dim : d->head_dim;
-  shape.bs = d->block_size ? d->block_size : 16;
-  shape.max_seqs = d->max_seqs ? d->max_seqs : 256;
-  if (shape.bs > (1 << 20) || shape.max_seqs > (1 << 20)) return KVA_ERR_ARG;
+  memset(shape, 0, sizeof *shape);
+  shape->kind = (kva_cache_kind)d->kind;
+  shape->n_layers = d->n_layers;
+  shape->G = d->n_kv_heads;
+  shape->D = d->head_dim;
+  shape->DV = d->v_dim ? d->v_dim : d->head_dim;
+  shape->bs = d->block_size ? d->block_size : 16;
+  shape->max_seqs = d->max_seqs ? d->max_seqs : 256;
+  shape->evict_support = d->evict_support;
+  if (shape->bs > (1 << 20) || shape->max_seqs > (1 << 20)) return KVA_ERR_ARG;
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
     kva_dtype kt, vt;
     if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
@@ -2516,21 +2552,50 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
       if (st == KVA_OK && d->kind == KVA_CACHE_KV) st = kva__fp8_scale_check(vt, kva__desc_fp8_scale(d, 1, l, i));
       if (st != KVA_OK) return st; /* LATENT stores one vector: K's scales only */
     }
-    shape.block_bytes += kva__layer_geometry(d->kind, kt, vt, shape.D, shape.DV, shape.G, shape.bs).block;
+    shape->block_bytes += kva__layer_geometry(d->kind, kt, vt, shape->D, shape->DV, shape->G, shape->bs).block;
   }
-  if (d->n_blocks) shape.n_blocks = d->n_blocks;
-  else {
-    size_t nb = d->max_bytes / shape.block_bytes;
-    if (nb == 0) return KVA_ERR_ARG; /* max_bytes holds not even one block */
-    shape.n_blocks = nb > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)nb;
+  if (d->n_blocks) {
+    if ((size_t)d->n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
+    *footprint = kva__cache_footprint(d, shape, d->n_blocks, n_buckets);
+    return *footprint == (size_t)-1 ? KVA_ERR_NOMEM : KVA_OK;
+  } else { /* the footprint grows with n_blocks: the largest that fits, by bisection */
+    size_t most = d->max_bytes / shape->block_bytes;
+    int lo = 1, hi = most > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)most;
+    if (hi < 1 || kva__cache_footprint(d, shape, 1, n_buckets) > d->max_bytes)
+      return KVA_ERR_ARG; /* max_bytes holds not even one block and its bookkeeping */
+    while (lo < hi) {
+      int mid = lo + (hi - lo + 1) / 2;
+      if (kva__cache_footprint(d, shape, mid, n_buckets) <= d->max_bytes) lo = mid;
+      else hi = mid - 1;
+    }
+    *footprint = kva__cache_footprint(d, shape, lo, n_buckets);
+    return KVA_OK;
   }
-  if ((size_t)shape.n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
-  if (shape.block_bytes > ((size_t)-1) / 4 / (size_t)shape.n_blocks) return KVA_ERR_NOMEM;
-  while (n_buckets < (size_t)shape.n_blocks) n_buckets <<= 1;
+}
 
+KVA_API kva_status kva_cache_size(const kva_cache_desc *d, size_t *bytes) {
+  kva_cache shape;
+  size_t n_buckets, footprint = 0;
+  kva_status st;
+  if (!bytes) return KVA_ERR_ARG;
+  st = kva__cache_shape(d, &shape, &n_buckets, &footprint);
+  if (st == KVA_OK) *bytes = footprint;
+  return st;
+}
+
+KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
+  kva_cache shape, *c;
+  kva__layout L;
+  void *allocated; /* what free_fn / KVATTN_FREE gets back */
+  size_t n_buckets = 1, data, footprint;
+  int l, i;
+  unsigned char *raw, *pool;
+  kva_status st;
+  if (!out) return KVA_ERR_ARG;
+  st = kva__cache_shape(d, &shape, &n_buckets, &footprint);
+  if (st != KVA_OK) return st;
   L.base = NULL, L.size = 0, L.overflow = 0;
   kva__cache_layout(&L, &shape, n_buckets);
-  if (L.overflow) return KVA_ERR_NOMEM;
   if (d->alloc_fn) allocated = raw = (unsigned char *)d->alloc_fn(L.size, 64, d->user);
   else { /* malloc promises less than 64-byte alignment: align by hand */
     unsigned char *r = (unsigned char *)KVATTN_MALLOC(L.size + 64);
@@ -2551,7 +2616,6 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->user = d->user;
   c->alloc_bytes = L.size;
   c->bytes_meta = data;
-  c->max_table = c->n_blocks;
   c->bucket_mask = (uint64_t)n_buckets - 1;
   c->prefix_max_age = d->prefix_max_age;
   for (i = 0; i < (int)n_buckets; i++) c->buckets[i] = -1;
@@ -2574,7 +2638,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     pool += c->layer_block[l] * (size_t)c->n_blocks;
   }
   for (i = 0; i < c->max_seqs; i++) {
-    c->seqs[i].table = c->seq_tables + (size_t)i * (size_t)c->n_blocks;
+    c->seqs[i].table = c->seq_tables + (size_t)i * (size_t)c->max_table;
     c->seqs[i].stored = c->seq_stored + (size_t)i * (size_t)c->n_layers * 2;
   }
   for (i = 0; i < c->n_blocks; i++) c->blk[i].first_child = -1;
@@ -2606,13 +2670,15 @@ static inline unsigned char *kva__v_ptr(const kva_cache *c, int l, int32_t b, in
   return c->pool[l] + (size_t)b * c->layer_block[l] + c->v_off[l] +
          ((size_t)g * (size_t)c->bs + (size_t)slot) * c->v_row[l];
 }
-static inline int32_t *kva__pos_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
-  return c->block_pos + (((size_t)l * (size_t)c->n_blocks + (size_t)b) * (size_t)c->G + (size_t)g) * (size_t)c->bs +
-         (size_t)slot;
+/* Index of a slot's position and H2O score: [layer][block][kv_head][slot] */
+static inline size_t kva__slot_index(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return (((size_t)l * (size_t)c->n_blocks + (size_t)b) * (size_t)c->G + (size_t)g) * (size_t)c->bs + (size_t)slot;
 }
-
+static inline int32_t *kva__pos_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->block_pos + kva__slot_index(c, l, b, g, slot);
+}
 static inline float *kva__score_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
-  return c->block_score + (kva__pos_ptr(c, l, b, g, slot) - c->block_pos);
+  return c->block_score + kva__slot_index(c, l, b, g, slot);
 }
 
 /* Slot `slot` of every layer and head: zero data and score, set position. */
@@ -2622,8 +2688,8 @@ static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos
     for (g = 0; g < c->G; g++) {
       memset(kva__k_ptr(c, l, b, g, slot), 0, c->k_row[l]);
       if (c->kind == KVA_CACHE_KV) memset(kva__v_ptr(c, l, b, g, slot), 0, c->v_row[l]);
-      *kva__pos_ptr(c, l, b, g, slot) = pos;
-      *kva__score_ptr(c, l, b, g, slot) = 0.0f;
+      if (c->block_pos) *kva__pos_ptr(c, l, b, g, slot) = pos;
+      if (c->block_score) *kva__score_ptr(c, l, b, g, slot) = 0.0f;
     }
 }
 
@@ -2631,8 +2697,8 @@ static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos
 static inline void kva__slot_move(kva_cache *c, int l, int g, int32_t db, int ds, int32_t sb, int ss) {
   memcpy(kva__k_ptr(c, l, db, g, ds), kva__k_ptr(c, l, sb, g, ss), c->k_row[l]);
   if (c->kind == KVA_CACHE_KV) memcpy(kva__v_ptr(c, l, db, g, ds), kva__v_ptr(c, l, sb, g, ss), c->v_row[l]);
-  *kva__pos_ptr(c, l, db, g, ds) = *kva__pos_ptr(c, l, sb, g, ss);
-  *kva__score_ptr(c, l, db, g, ds) = *kva__score_ptr(c, l, sb, g, ss);
+  *kva__pos_ptr(c, l, db, g, ds) = *kva__pos_ptr(c, l, sb, g, ss); /* eviction: positions are kept */
+  if (c->block_score) *kva__score_ptr(c, l, db, g, ds) = *kva__score_ptr(c, l, sb, g, ss);
 }
 
 /* --- prefix hash table --- */
@@ -2764,8 +2830,10 @@ static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
     size_t pos_block = (size_t)c->G * (size_t)c->bs;
     memcpy(c->pool[l] + (size_t)dst * c->layer_block[l], c->pool[l] + (size_t)src * c->layer_block[l],
            c->layer_block[l]);
-    memcpy(kva__pos_ptr(c, l, dst, 0, 0), kva__pos_ptr(c, l, src, 0, 0), pos_block * sizeof(int32_t));
-    memcpy(kva__score_ptr(c, l, dst, 0, 0), kva__score_ptr(c, l, src, 0, 0), pos_block * sizeof(float));
+    if (c->block_pos)
+      memcpy(kva__pos_ptr(c, l, dst, 0, 0), kva__pos_ptr(c, l, src, 0, 0), pos_block * sizeof(int32_t));
+    if (c->block_score)
+      memcpy(kva__score_ptr(c, l, dst, 0, 0), kva__score_ptr(c, l, src, 0, 0), pos_block * sizeof(float));
   }
 }
 
@@ -2981,6 +3049,9 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) 
   if (!c || kva__evict_check(e) != KVA_OK) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
+  if ((e->kind == KVA_EVICT_H2O && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
+      (e->kind == KVA_EVICT_WINDOW && c->evict_support == KVA_EVICT_SUPPORT_NONE))
+    return KVA_ERR_UNSUPPORTED; /* the cache keeps no scores / positions (kva_cache_desc.evict_support) */
   s->evict_next = *e;
   if (e->kind == KVA_EVICT_NONE) memset(&s->evict_next, 0, sizeof s->evict_next);
   return KVA_OK;
@@ -3027,7 +3098,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
     for (i = 0; i < pl.keep_blocks; i++) {
       int l;
       for (l = 0; l < c->n_layers; l++)
-        memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
+        if (c->block_score) memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
     }
   while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl.n_evict;
@@ -3138,7 +3209,7 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
   if (blocks_needed) *blocks_needed = (int)(pl.copies + pl.fresh);
   if (pl.fits_now) return KVA_FITS_NOW;
   /* once every other sequence let go, nothing is shared: the sequence needs its own blocks only */
-  if (kva__blocks_for(c, (long)s->len - pl.n_evict + n_tokens) > c->n_blocks) return KVA_FITS_NEVER;
+  if (kva__blocks_for(c, (long)s->len - pl.n_evict + n_tokens) > c->max_table) return KVA_FITS_NEVER;
   return KVA_FITS_LATER;
 }
 
@@ -3312,7 +3383,7 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->k_row = c->k_row[layer];
   w->v_row = c->v_row[layer];
   w->table = s->table;
-  w->block_pos = c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
+  w->block_pos = c->block_pos ? c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs : NULL;
   w->block_size = c->bs;
   w->n_kv_heads = c->G;
 }
@@ -3664,7 +3735,7 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
     if (v)
       kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV,
                     c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
-    if (pos) pos[g] = *kva__pos_ptr(c, layer, b, g, in_block);
+    if (pos) pos[g] = c->block_pos ? *kva__pos_ptr(c, layer, b, g, in_block) : (int32_t)slot;
   }
   return KVA_OK;
 }
@@ -4025,6 +4096,7 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   st->block_bytes = c->block_bytes;
   st->bytes_total = c->block_bytes * (size_t)c->n_blocks;
   st->bytes_meta = c->bytes_meta;
+  st->bytes_footprint = c->alloc_bytes + (c->alloc_fn ? 0 : 64);
   for (i = 0; i < c->max_seqs; i++)
     if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
 }

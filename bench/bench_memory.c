@@ -77,6 +77,31 @@ static alloc_check check_alloc(const model *mo, int var, kva_dtype dt, size_t bp
   return r;
 }
 
+/* Bookkeeping bytes per token slot of a whole-model cache whose pool is
+   floor(mem / block bytes) 16-token blocks: kva_cache_size (the allocator's
+   own figure, through a counting alloc_fn so no 64 alignment bytes) less the
+   pool. lean: no eviction support (no positions or scores) and tables sized
+   to ctx tokens per sequence; else the defaults (256 sequences, every table
+   n_blocks long, positions and H2O scores). -1 if it cannot be sized. */
+static void *meta_alloc(size_t size, size_t align, void *user) { (void)size, (void)align, (void)user; return NULL; }
+static void meta_free(void *p, size_t size, void *user) { (void)p, (void)size, (void)user; }
+static double meta_per_token(const model *mo, int var, kva_dtype dt, double mem, size_t block_bytes_full, long ctx,
+                             int lean) {
+  kva_cache_desc d = variant_desc(mo, var, dt, mo->L);
+  size_t bytes = 0;
+  double nb = floor(mem / (double)block_bytes_full);
+  if (nb < 1 || nb > (double)(INT32_MAX / 4)) return -1;
+  d.block_size = 16;
+  d.n_blocks = (int)nb;
+  d.alloc_fn = meta_alloc, d.free_fn = meta_free; /* sized, never created */
+  if (lean) {
+    d.evict_support = KVA_EVICT_SUPPORT_NONE;
+    d.max_seq_len = ctx > INT32_MAX ? INT32_MAX : (int)ctx;
+  }
+  if (kva_cache_size(&d, &bytes) != KVA_OK) return -1;
+  return ((double)bytes - nb * (double)block_bytes_full) / (nb * 16.0);
+}
+
 static size_t bpt_of(const model *mo, int var, kva_dtype dt, int n_layers) {
   kva_cache_desc d = variant_desc(mo, var, dt, n_layers);
   return kva_cache_bytes_per_token(&d);
@@ -273,7 +298,13 @@ static void memory_rows(const opts *o, rows *t) {
           per_seq_blocks = ceil((double)held / 16);
           rn(w, C_MAXBATCH, floor(nblocks / per_seq_blocks));
           rs(w, C_ALLOC, "%s", ac.msg);
-          if (ac.supported) rn(w, C_PAD, (double)ac.pad);
+          if (ac.supported) {
+            double meta = meta_per_token(mo, var, dt, o->mem, ac.block_bytes_full, held, 0);
+            double lean = meta_per_token(mo, var, dt, o->mem, ac.block_bytes_full, held, 1);
+            rn(w, C_PAD, (double)ac.pad);
+            if (meta >= 0) rn(w, C_METAPT, meta);
+            if (lean >= 0) rn(w, C_METALEAN, lean);
+          }
           note[0] = 0;
           if (mo->window && ctx > mo->window)
             snprintf(note, sizeof note, "window %d: holds %d tokens (needs KVA_EVICT_WINDOW; else %.2f GB)", mo->window,
@@ -299,13 +330,16 @@ void cmd_memory(const opts *o) {
                              {C_BPT, "B/token", FM_SEP},      {C_VSMHA, "vs MHA", FM_PCT},
                              {C_CTX, "ctx", FM_SEP},          {C_BYTESCTX, "GB @ctx*batch", FM_GB},
                              {C_MAXCTX, "max ctx", FM_TOK},   {C_MAXBATCH, "max batch", FM_SEP},
+                             {C_METAPT, "meta B/tok", FM_F1}, {C_METALEAN, "lean", FM_F1},
                              {C_ALLOC, "allocator", FM_STR},  {C_NOTE, "note", FM_STR}};
     fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
     snprintf(mem, sizeof mem, "%.2f GiB = %.2f GB", o->mem / GiB, o->mem / 1e9);
     snprintf(title, sizeof title,
              "KV cache memory (all layers, K+V incl. scales; * = the model's own attention), batch %ld, budget %s\n"
              "  max ctx = longest context per sequence for the batch, max batch = sequences at ctx, both in a pool\n"
-             "  of --mem made of 16-token blocks (bookkeeping comes on top); allocator = a real 2-layer cache of\n"
+             "  of --mem made of 16-token blocks (bookkeeping comes on top); meta B/tok = the cache's bookkeeping\n"
+             "  per token slot of that pool, from kva_cache_size (defaults: 256 sequences, tables of n_blocks, positions\n"
+             "  and H2O scores); lean = evict_support NONE and max_seq_len = ctx; allocator = a real 2-layer cache of\n"
              "  4 blocks: block bytes == B/tok/layer x 16 per layer (+ 64-byte alignment padding), exactly 4\n"
              "  blocks' tokens fit. MLA for non-MLA models: latent 4D + rope D/2, one latent head.",
              o->batch, mem);

@@ -114,7 +114,8 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(LOSS, "loss_nats") X(PPL, "perplexity") X(DLOSS, "loss_delta") X(KL, "kl_mean")                        \
   X(KLQ1, "kl_first_quarter") X(KLQ4, "kl_last_quarter") X(PK25, "passkey_0_25") X(PK50, "passkey_0_5")       \
   X(PK90, "passkey_0_9") X(PKN, "passkey_cases") X(TOKS, "decode_tok_per_s") X(KVASHARE, "decode_kvattn_share") \
-  X(KSCALE, "k_scale") X(VSCALE, "v_scale")                                                                 \
+  X(KSCALE, "k_scale") X(VSCALE, "v_scale") X(METAPT, "bookkeeping_per_token")                              \
+  X(METALEAN, "bookkeeping_per_token_lean")                                                                 \
   X(SOURCE, "source") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,

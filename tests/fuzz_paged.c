@@ -60,6 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.dtype = types[(data[4] / 5) % 3];
   cfg.vocab = 1 + data[5] % 3;
   cfg.n_salts = 1 + (data[5] / 3) % 4;
+  cfg.evict_support = (data[5] / 12) % 3;
   for (i = 0; i < size; i++) seed = (seed ^ data[i]) * 0x100000001B3ULL;
   memset(&src, 0, sizeof src);
   kt_seed(&src.rng, seed); /* K/V and query values */

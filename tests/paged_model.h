@@ -114,6 +114,7 @@ typedef struct {
   int block_size, n_blocks, max_seqs, prefix_max_age;
   kva_dtype dtype;
   int vocab, n_salts;
+  int evict_support; /* the cache's (this model never evicts: NONE means positions are the slots) */
 } pm_config;
 
 #define PM_HIST 12
@@ -238,6 +239,7 @@ static inline kva_status pm_init(pm_model *m, const pm_config *cfg, pm_src *src)
   m->desc.max_seqs = cfg->max_seqs;
   m->desc.prefix_max_age = cfg->prefix_max_age;
   m->desc.dtype = cfg->dtype;
+  m->desc.evict_support = cfg->evict_support;
   st = kva_cache_create(&m->desc, &m->c);
   if (st != KVA_OK) return st;
   m->L = cfg->n_layers;

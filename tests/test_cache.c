@@ -638,19 +638,23 @@ static void test_create(void) {
     kva_cache_destroy(c);
   }
 
-  /* pool from max_bytes */
-  desc_init(&d, 2, 2, 8, 0, 4, 0, KVA_F16, KVA_F16);
+  /* pool from max_bytes: the whole footprint of 10 blocks and half a block more gives 10 blocks */
+  desc_init(&d, 2, 2, 8, 0, 4, 10, KVA_F16, KVA_F16);
   bpt = kva_cache_bytes_per_token(&d);
-  d.max_bytes = bpt * 4 * 10 + bpt * 2; /* 10.5 blocks worth */
+  {
+    size_t ten = 0;
+    KT_STATUS(kva_cache_size(&d, &ten), KVA_OK);
+    d.n_blocks = 0;
+    d.max_bytes = ten + bpt * 2;
+  }
   c = NULL;
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
   if (c) {
     memset(&st, 0, sizeof st);
     kva_cache_get_stats(c, &st);
-    KT_CHECK(st.n_blocks >= 1 && (size_t)st.n_blocks * 4 * bpt <= d.max_bytes,
-             "max_bytes %lu gave %d blocks of %lu bytes", (unsigned long)d.max_bytes, st.n_blocks,
-             (unsigned long)(4 * bpt));
-    KT_CHECK(st.n_blocks <= 10, "max_bytes for 10.5 blocks gave %d blocks", st.n_blocks);
+    KT_CHECK(st.n_blocks == 10 && st.bytes_footprint <= d.max_bytes,
+             "max_bytes %lu gave %d blocks, footprint %lu", (unsigned long)d.max_bytes, st.n_blocks,
+             (unsigned long)st.bytes_footprint);
     kva_cache_destroy(c);
   }
   /* n_blocks wins over max_bytes */
@@ -1116,8 +1120,147 @@ static void test_steps(void) {
   kva_cache_destroy(c);
 }
 
+/* The whole footprint: kva_cache_size before creation == what the allocator
+   is asked for == stats.bytes_footprint; max_bytes picks the most blocks
+   whose footprint fits; evict_support and max_seq_len shrink the
+   bookkeeping by exactly the arrays they drop; their rules. */
+static void test_cache_size(void) {
+  kt_rng r;
+  int it, n_it = kt_quick ? 40 : 120;
+  kt_begin("cache: kva_cache_size, max_bytes as the whole footprint, evict_support, max_seq_len");
+  kt_seed(&r, 0x5123);
+  for (it = 0; it < n_it; it++) {
+    kva_cache_desc d;
+    kva_cache *c = NULL;
+    kva_cache_stats st;
+    kt_counting cnt;
+    size_t size = 0, size1 = 0, meta[3] = {0, 0, 0};
+    int sup, L = kt_int(&r, 1, 4), G = kt_int(&r, 1, 4), bs = kt_int(&r, 0, 1) ? 16 : kt_int(&r, 1, 9);
+    desc_init(&d, L, G, kt_int(&r, 1, 70), 0, bs, kt_int(&r, 1, 300), it % 3 ? KVA_F16 : KVA_INT8, KVA_DTYPE_DEFAULT);
+    d.max_seqs = kt_int(&r, 0, 3) ? kt_int(&r, 1, 40) : 0;
+    d.max_seq_len = kt_int(&r, 0, 1) ? kt_int(&r, 1, d.n_blocks * (bs ? bs : 16) + 5) : 0;
+    for (sup = 0; sup < 3; sup++) { /* the same cache with less eviction support: bookkeeping shrinks exactly */
+      d.evict_support = sup;
+      counting_init(&cnt);
+      d.alloc_fn = cnt_alloc, d.free_fn = cnt_free, d.user = &cnt;
+      KT_STATUS(kva_cache_size(&d, &size), KVA_OK);
+      KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
+      if (!c) break;
+      kva_cache_get_stats(c, &st);
+      KT_CHECK(cnt.total == size && st.bytes_footprint == size,
+               "kva_cache_size %lu, allocator asked for %lu, stats footprint %lu (it %d support %d)",
+               (unsigned long)size, (unsigned long)cnt.total, (unsigned long)st.bytes_footprint, it, sup);
+      KT_CHECK(st.bytes_footprint == st.bytes_meta + st.bytes_total, "footprint %lu != meta %lu + pool %lu",
+               (unsigned long)st.bytes_footprint, (unsigned long)st.bytes_meta, (unsigned long)st.bytes_total);
+      meta[sup] = st.bytes_meta;
+      kva_cache_destroy(c);
+      c = NULL;
+      d.alloc_fn = NULL, d.free_fn = NULL, d.user = NULL;
+      KT_STATUS(kva_cache_size(&d, &size1), KVA_OK);
+      KT_CHECK(size1 == size + 64, "KVATTN_MALLOC path: kva_cache_size %lu, want %lu + 64 (hand alignment)",
+               (unsigned long)size1, (unsigned long)size);
+    }
+    if (sup == 3) {
+      size_t arr = ((size_t)L * (size_t)d.n_blocks * (size_t)(bs ? bs : 16) * (size_t)G * 4 + 63) / 64 * 64;
+      KT_CHECK(meta[0] - meta[1] == arr && meta[1] - meta[2] == arr,
+               "evict_support ALL/WINDOW/NONE bookkeeping %lu/%lu/%lu, want steps of %lu (one int32/float per slot)",
+               (unsigned long)meta[0], (unsigned long)meta[1], (unsigned long)meta[2], (unsigned long)arr);
+    }
+    /* max_bytes: the largest pool whose whole footprint fits */
+    d.evict_support = kt_int(&r, 0, 2);
+    {
+      size_t target = 0;
+      int nb = d.n_blocks;
+      KT_STATUS(kva_cache_size(&d, &target), KVA_OK);
+      target += (size_t)kt_int(&r, 0, 3000);
+      d.n_blocks = 0;
+      d.max_bytes = target;
+      KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
+      if (c) {
+        size_t at = 0, above = 0;
+        kva_cache_get_stats(c, &st);
+        kva_cache_destroy(c);
+        c = NULL;
+        d.max_bytes = 0;
+        d.n_blocks = st.n_blocks;
+        KT_STATUS(kva_cache_size(&d, &at), KVA_OK);
+        d.n_blocks = st.n_blocks + 1;
+        KT_STATUS(kva_cache_size(&d, &above), KVA_OK);
+        KT_CHECK(st.n_blocks >= nb && at <= target && above > target && st.bytes_footprint == at,
+                 "max_bytes %lu: %d blocks (from %d), footprint %lu, one more block %lu", (unsigned long)target,
+                 st.n_blocks, nb, (unsigned long)at, (unsigned long)above);
+      }
+      d.n_blocks = 0;
+      d.max_bytes = 16; /* not even one block and its bookkeeping */
+      KT_STATUS(kva_cache_size(&d, &size), KVA_ERR_ARG);
+      KT_STATUS(kva_cache_create(&d, &c), KVA_ERR_ARG);
+    }
+  }
+  {
+    kva_cache_desc d;
+    kva_cache *c = NULL;
+    kva_evict e = {KVA_EVICT_WINDOW, 8, 0, 0};
+    int s = -1, bad;
+    size_t sz = 7;
+    desc_init(&d, 2, 2, 8, 0, 4, 64, KVA_F16, KVA_F16);
+    KT_STATUS(kva_cache_size(NULL, &sz), KVA_ERR_ARG);
+    KT_STATUS(kva_cache_size(&d, NULL), KVA_ERR_ARG);
+    for (bad = 0; bad < 3; bad++) {
+      kva_cache_desc b = d;
+      if (bad == 0) b.evict_support = 3;
+      if (bad == 1) b.evict_support = -1;
+      if (bad == 2) b.max_seq_len = -1;
+      KT_STATUS(kva_cache_size(&b, &sz), KVA_ERR_ARG);
+      KT_STATUS(kva_cache_create(&b, &c), KVA_ERR_ARG);
+    }
+    KT_CHECK(sz == 7, "a failed kva_cache_size wrote *bytes");
+    /* NONE: no eviction kind; WINDOW: window only */
+    d.evict_support = KVA_EVICT_SUPPORT_NONE;
+    if (kva_cache_create(&d, &c) == KVA_OK) {
+      KT_STATUS(kva_seq_new(c, &s), KVA_OK);
+      KT_STATUS(kva_seq_set_evict(c, s, &e), KVA_ERR_UNSUPPORTED);
+      e.kind = KVA_EVICT_H2O;
+      KT_STATUS(kva_seq_set_evict(c, s, &e), KVA_ERR_UNSUPPORTED);
+      e.kind = KVA_EVICT_NONE;
+      KT_STATUS(kva_seq_set_evict(c, s, &e), KVA_OK);
+      kva_cache_destroy(c);
+    }
+    d.evict_support = KVA_EVICT_SUPPORT_WINDOW;
+    if (kva_cache_create(&d, &c) == KVA_OK) {
+      KT_STATUS(kva_seq_new(c, &s), KVA_OK);
+      e.kind = KVA_EVICT_H2O;
+      e.n_recent = 2;
+      KT_STATUS(kva_seq_set_evict(c, s, &e), KVA_ERR_UNSUPPORTED);
+      e.kind = KVA_EVICT_WINDOW;
+      e.n_recent = 0;
+      KT_STATUS(kva_seq_set_evict(c, s, &e), KVA_OK);
+      KT_STATUS(kva_seq_append(c, s, 20), KVA_OK); /* a step's own tokens are not evicted */
+      KT_STATUS(kva_seq_append(c, s, 1), KVA_OK);
+      KT_CHECK(kva_seq_len(c, s) == 8 && kva_seq_pos(c, s) == 21, "a window of 8 on a WINDOW-support cache: len %d pos %d",
+               kva_seq_len(c, s), kva_seq_pos(c, s));
+      kva_cache_destroy(c);
+    }
+    /* max_seq_len: 10 tokens in blocks of 4 -> 3 blocks per table; 12 tokens fit the table,
+       13 never do, whatever the pool holds */
+    d.evict_support = 0;
+    d.max_seq_len = 10;
+    if (kva_cache_create(&d, &c) == KVA_OK) {
+      int f = -1;
+      KT_STATUS(kva_seq_new(c, &s), KVA_OK);
+      KT_CHECK(kva_seq_fits(c, s, 13, NULL) == KVA_FITS_NEVER, "13 tokens with max_seq_len 10 (3 blocks of 4) fit");
+      KT_STATUS(kva_seq_append(c, s, 13), KVA_ERR_FULL);
+      KT_STATUS(kva_seq_append(c, s, 12), KVA_OK);
+      KT_STATUS(kva_seq_append(c, s, 1), KVA_ERR_FULL);
+      KT_STATUS(kva_seq_fork(c, s, &f), KVA_OK);
+      KT_CHECK(kva_seq_len(c, f) == 12, "fork of a full-table sequence: len %d", kva_seq_len(c, f));
+      kva_cache_destroy(c);
+    }
+  }
+}
+
 void test_cache(void) {
   test_bytes_per_token();
+  test_cache_size();
   test_steps();
   test_create();
   test_seq_ids();

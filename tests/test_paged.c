@@ -77,20 +77,23 @@ static int pg_stats_same(const kva_cache_stats *a, const kva_cache_stats *b) { r
 static void pg_random(void) {
   static const pm_config cfgs[] = {
       /* L  G  D  DV H   bs nb  seqs age dtype          vocab salts */
-      {2, 2, 3, 2, 4, 4, 24, 6, 0, KVA_F32, 3, 3},
-      {1, 1, 4, 0, 3, 3, 16, 5, 5, KVA_F16, 2, 2},
-      {2, 1, 2, 3, 2, 1, 20, 4, 0, KVA_F32, 4, 2},
-      {1, 2, 8, 8, 8, 16, 6, 8, 2, KVA_F32, 2, 2},
-      {1, 1, 3, 0, 1, 5, 10, 3, 0, KVA_DTYPE_DEFAULT, 2, 4},
-      {3, 2, 1, 1, 2, 2, 40, 10, 7, KVA_F32, 2, 3},
-      {2, 4, 4, 2, 8, 7, 30, 12, 0, KVA_BF16, 2, 2},
+      {2, 2, 3, 2, 4, 4, 24, 6, 0, KVA_F32, 3, 3, 0},
+      {1, 1, 4, 0, 3, 3, 16, 5, 5, KVA_F16, 2, 2, 0},
+      {2, 1, 2, 3, 2, 1, 20, 4, 0, KVA_F32, 4, 2, 0},
+      {1, 2, 8, 8, 8, 16, 6, 8, 2, KVA_F32, 2, 2, 0},
+      {1, 1, 3, 0, 1, 5, 10, 3, 0, KVA_DTYPE_DEFAULT, 2, 4, 0},
+      {3, 2, 1, 1, 2, 2, 40, 10, 7, KVA_F32, 2, 3, 0},
+      {2, 4, 4, 2, 8, 7, 30, 12, 0, KVA_BF16, 2, 2, 0},
   };
   int i, n = (int)(sizeof cfgs / sizeof cfgs[0]);
   long ops = 0, full = 0, hits = 0, cow = 0, lower = 0, attend = 0, never = 0, later = 0;
   kt_begin("paged random");
   for (i = 0; i < n; i++) {
     pm_model m;
-    int ok = pm_run(&cfgs[i], 0xC0FFEEULL + (uint64_t)i * 7919u, kt_iters(10000), &m);
+    pm_config cf = cfgs[i];
+    int ok;
+    cf.evict_support = i % 3; /* ALL, WINDOW, NONE: the same answers, less bookkeeping */
+    ok = pm_run(&cf, 0xC0FFEEULL + (uint64_t)i * 7919u, kt_iters(10000), &m);
     KT_CHECK(ok, "config %d: kva_cache_create failed", i);
     if (!ok) continue;
     if (getenv("KVA_TEST_VERBOSE"))
