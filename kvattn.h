@@ -242,6 +242,8 @@ typedef struct {
   int n_sink;                        /* positions < n_sink stay visible under a window */
   float softcap;                     /* 0 => none; else softcap * tanh(score / softcap) */
   int n_threads;                     /* 0 => OpenMP's default; 1 => no threading */
+  int q_stride, out_stride;          /* floats from one token's row to the next; 0 => packed (H*D, H*DV) */
+  int k_stride, v_stride;            /* kva_attend's k and v the same way; 0 => packed (G*D, G*DV) */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -250,6 +252,8 @@ typedef struct {
   int dim;               /* rotated leading values of a head; 0 => the whole head */
   int interleaved;       /* 0: pairs (x[i], x[i+dim/2]) (NeoX/HF); 1: (x[2i], x[2i+1]) */
   const float *inv_freq; /* NULL => theta^(-2i/dim); else [dim/2] */
+  const float *table;    /* NULL, or kva_rope_table_init's cos/sin of positions 0 .. table_len-1 */
+  int table_len;
 } kva_rope;
 
 /* FP8 cache scales (kva_cache_desc.k_scale / v_scale) from sample K or V:
@@ -396,6 +400,10 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
 KVA_API kva_status kva_merge_lse(float *out, float *lse, const float *out_b, const float *lse_b, int n_rows, int dv);
 
 /* RoPE */
+KVA_API size_t kva_rope_table_floats(const kva_rope *r, int head_dim, int n_pos);
+KVA_API kva_status kva_rope_table_init(const kva_rope *r, int head_dim, int n_pos, float *table);
+KVA_API kva_status kva_rope_apply_strided(const kva_rope *r, float *x, int stride, int n_tokens, int n_heads,
+                                          int head_dim, const int32_t *pos);
 KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int n_heads, int head_dim,
                                   const int32_t *pos);
 
@@ -426,6 +434,8 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
 
 /* store, attend and read a sequence */
 KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens);
+KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offset, const float *k, int k_stride,
+                                     const float *v, int v_stride, int n_tokens);
 KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, const float *k, const float *v,
                                 int n_tokens);
 KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
@@ -1833,6 +1843,7 @@ typedef struct {
   int H, G, D, DV, R; /* R = H / G query heads per KV head */
   float scale, softcap;
   int window, n_sink;
+  size_t q_stride, o_stride; /* floats from one query token's row (out row) to the next */
 } kva__attn_params;
 
 static inline int kva__visible(const kva__attn_params *P, int32_t qp, int32_t kp) {
@@ -1930,8 +1941,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
-    qr[t] = q + ((size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->D;
-    acc[t] = out + (compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)h) * (size_t)P->DV;
+    qr[t] = q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D;
+    acc[t] = out + (compact ? (size_t)t * (size_t)P->DV : (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV);
     memset(acc[t], 0, (size_t)P->DV * sizeof(float));
     qp[t] = q_pos ? q_pos[i] : (int32_t)(q_base + i);
     if (qp[t] < qmin) qmin = qp[t];
@@ -2066,7 +2077,7 @@ static inline void kva__merge_item(const kva__attn_params *P, int g, int row0, i
       part[s] = po + (size_t)t * (size_t)P->DV;
       lses[s] = po[(size_t)rows_cap * (size_t)P->DV + (size_t)t];
     }
-    l_ = kva__merge_row(out + o * (size_t)P->DV, part, lses, S, P->DV);
+    l_ = kva__merge_row(out + (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV, part, lses, S, P->DV);
     if (lse) lse[o] = l_;
   }
 }
@@ -2173,6 +2184,12 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   if (a->window < 0 || a->n_sink < 0 || a->n_threads < 0) return KVA_ERR_ARG;
   if (!(a->softcap >= 0.0f) || a->softcap > FLT_MAX) return KVA_ERR_ARG; /* rejects NaN, Inf */
   if (!(a->scale >= -FLT_MAX && a->scale <= FLT_MAX)) return KVA_ERR_ARG;
+  if (a->q_stride < 0 || a->out_stride < 0 || a->k_stride < 0 || a->v_stride < 0) return KVA_ERR_ARG;
+  if ((a->q_stride && a->q_stride < a->n_heads * a->head_dim) ||
+      (a->out_stride && a->out_stride < a->n_heads * (a->v_dim ? a->v_dim : a->head_dim)) ||
+      (a->k_stride && a->k_stride < a->n_kv_heads * a->head_dim) ||
+      (a->v_stride && a->v_stride < a->n_kv_heads * (a->v_dim ? a->v_dim : a->head_dim)))
+    return KVA_ERR_ARG; /* rows may not overlap */
   P->H = a->n_heads;
   P->G = a->n_kv_heads;
   P->D = a->head_dim;
@@ -2182,6 +2199,8 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   P->softcap = a->softcap;
   P->window = a->window;
   P->n_sink = a->n_sink;
+  P->q_stride = a->q_stride ? (size_t)a->q_stride : (size_t)P->H * (size_t)P->D;
+  P->o_stride = a->out_stride ? (size_t)a->out_stride : (size_t)P->H * (size_t)P->DV;
   return KVA_OK;
 }
 
@@ -2203,8 +2222,8 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   w.v = (const unsigned char *)v;
   w.k_head_stride = (size_t)P.D * sizeof(float);
   w.v_head_stride = (size_t)P.DV * sizeof(float);
-  w.k_tok_stride = w.k_head_stride * (size_t)P.G;
-  w.v_tok_stride = w.v_head_stride * (size_t)P.G;
+  w.k_tok_stride = a->k_stride ? (size_t)a->k_stride * sizeof(float) : w.k_head_stride * (size_t)P.G;
+  w.v_tok_stride = a->v_stride ? (size_t)a->v_stride * sizeof(float) : w.v_head_stride * (size_t)P.G;
   w.pos = kv_pos;
   w.pos_max = kv_pos ? INT32_MAX : n_kv - 1;
   if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
@@ -2254,12 +2273,25 @@ static inline kva_status kva__rope_check(const kva_rope *r, int head_dim, int *d
 
 static inline int kva__rope_active(const kva_rope *r) { return r && (r->theta != 0.0f || r->inv_freq); }
 
+/* cos and sin of pair i of position pos, rounded to float: the table holds
+   exactly these, so rotating with or without a table gives the same bits. */
+static inline void kva__rope_angle(const kva_rope *r, int dim, int i, int32_t pos, float *c, float *s) {
+  double f = r->inv_freq ? (double)r->inv_freq[i] : pow((double)r->theta, -2.0 * i / (double)dim);
+  double ang = (double)pos * f;
+  *c = (float)cos(ang);
+  *s = (float)sin(ang);
+}
+
 /* Rotate one token's heads: x [n_heads][head_dim] at position pos. */
 static inline void kva__rope_token(const kva_rope *r, int dim, float *x, int n_heads, int head_dim, int32_t pos) {
   int half = dim / 2, i, h;
+  const float *row = r->table && pos >= 0 && pos < r->table_len ? r->table + (size_t)pos * (size_t)dim : NULL;
   for (i = 0; i < half; i++) {
-    double f = r->inv_freq ? (double)r->inv_freq[i] : pow((double)r->theta, -2.0 * i / (double)dim);
-    double ang = (double)pos * f, c = cos(ang), s = sin(ang);
+    float cf, sf;
+    double c, s;
+    if (row) cf = row[2 * i], sf = row[2 * i + 1];
+    else kva__rope_angle(r, dim, i, pos, &cf, &sf);
+    c = (double)cf, s = (double)sf;
     for (h = 0; h < n_heads; h++) {
       float *xh = x + (size_t)h * (size_t)head_dim;
       int i0 = r->interleaved ? 2 * i : i, i1 = r->interleaved ? 2 * i + 1 : i + half;
@@ -2270,17 +2302,47 @@ static inline void kva__rope_token(const kva_rope *r, int dim, float *x, int n_h
   }
 }
 
-/* In place over x [n_tokens][n_heads][head_dim]; pos NULL => 0..n_tokens-1. */
-KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int n_heads, int head_dim,
-                                  const int32_t *pos) {
+/* Floats of a table of n_pos positions: [n_pos][dim/2][cos, sin]; 0 on bad arguments. */
+KVA_API size_t kva_rope_table_floats(const kva_rope *r, int head_dim, int n_pos) {
+  int dim = 0;
+  if (kva__rope_check(r, head_dim, &dim) != KVA_OK || n_pos < 0) return 0;
+  return (size_t)n_pos * (size_t)dim;
+}
+
+/* cos/sin of positions 0 .. n_pos-1 for r, once, for kva_rope.table */
+KVA_API kva_status kva_rope_table_init(const kva_rope *r, int head_dim, int n_pos, float *table) {
+  int dim = 0, i;
+  int32_t p;
+  if (kva__rope_check(r, head_dim, &dim) != KVA_OK || n_pos < 0 || (n_pos > 0 && !table)) return KVA_ERR_ARG;
+  for (p = 0; p < n_pos; p++)
+    for (i = 0; i < dim / 2; i++) {
+      float *e = table + (size_t)p * (size_t)dim + 2 * (size_t)i;
+      kva__rope_angle(r, dim, i, p, &e[0], &e[1]);
+    }
+  return KVA_OK;
+}
+
+/* In place over n_tokens rows of x, token t's heads [n_heads][head_dim] at
+   x + t * stride (0: packed); pos NULL => 0..n_tokens-1. */
+KVA_API kva_status kva_rope_apply_strided(const kva_rope *r, float *x, int stride, int n_tokens, int n_heads,
+                                          int head_dim, const int32_t *pos) {
   int dim = 0, t;
   if (kva__rope_check(r, head_dim, &dim) != KVA_OK || n_tokens < 0 || n_heads <= 0) return KVA_ERR_ARG;
+  if (stride < 0 || (stride && (int64_t)stride < (int64_t)n_heads * head_dim) || r->table_len < 0 ||
+      (r->table_len > 0 && !r->table))
+    return KVA_ERR_ARG;
   if (n_tokens == 0 || !kva__rope_active(r)) return KVA_OK;
   if (!x) return KVA_ERR_ARG;
   for (t = 0; t < n_tokens; t++)
-    kva__rope_token(r, dim, x + (size_t)t * (size_t)n_heads * (size_t)head_dim, n_heads, head_dim,
-                    pos ? pos[t] : (int32_t)t);
+    kva__rope_token(r, dim, x + (size_t)t * (stride ? (size_t)stride : (size_t)n_heads * (size_t)head_dim), n_heads,
+                    head_dim, pos ? pos[t] : (int32_t)t);
   return KVA_OK;
+}
+
+/* In place over x [n_tokens][n_heads][head_dim]; pos NULL => 0..n_tokens-1. */
+KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int n_heads, int head_dim,
+                                  const int32_t *pos) {
+  return kva_rope_apply_strided(r, x, 0, n_tokens, n_heads, head_dim, pos);
 }
 
 /* ======================================================================
@@ -3309,15 +3371,21 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
    ====================================================================== */
 
 /* Write K (and V) of n_tokens of the step's newest tokens of `layer`, from
-   the step's token `offset` on.
-   k [n_tokens][n_kv_heads][head_dim], v [n_tokens][n_kv_heads][v_dim] (NULL for LATENT). */
-KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, const float *k, const float *v,
-                                int n_tokens) {
+   the step's token `offset` on. Token t's heads [n_kv_heads][head_dim] start
+   at k + t * k_stride (v + t * v_stride: [n_kv_heads][v_dim]; NULL for
+   LATENT); a stride 0 means packed rows. */
+KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offset, const float *k, int k_stride,
+                                     const float *v, int v_stride, int n_tokens) {
   kva__seq *s;
   int32_t *done;
   int t, g;
+  size_t ks, vs;
   if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || offset < 0) return KVA_ERR_ARG;
   if (n_tokens > 0 && (!k || (c->kind == KVA_CACHE_KV && !v))) return KVA_ERR_ARG;
+  if (k_stride < 0 || v_stride < 0 || (k_stride && k_stride < c->G * c->D) || (v_stride && v_stride < c->G * c->DV))
+    return KVA_ERR_ARG;
+  ks = k_stride ? (size_t)k_stride : (size_t)c->G * (size_t)c->D;
+  vs = v_stride ? (size_t)v_stride : (size_t)c->G * (size_t)c->DV;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
@@ -3329,11 +3397,11 @@ KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, co
     int32_t b = kva__slot_block(c, s, slot, &in_block);
     for (g = 0; g < c->G; g++) {
       kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
-                     k + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->D, c->D,
+                     k + (size_t)t * ks + (size_t)g * (size_t)c->D, c->D,
                      c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
       if (c->kind == KVA_CACHE_KV)
         kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
-                       v + ((size_t)t * (size_t)c->G + (size_t)g) * (size_t)c->DV, c->DV,
+                       v + (size_t)t * vs + (size_t)g * (size_t)c->DV, c->DV,
                        c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     }
   }
@@ -3345,6 +3413,13 @@ KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, co
     if (offset + n_tokens > done[1]) done[1] = offset + n_tokens;
   }
   return KVA_OK;
+}
+
+/* kva_store_strided with packed rows:
+   k [n_tokens][n_kv_heads][head_dim], v [n_tokens][n_kv_heads][v_dim] (NULL for LATENT). */
+KVA_API kva_status kva_store_at(kva_cache *c, int seq, int layer, int offset, const float *k, const float *v,
+                                int n_tokens) {
+  return kva_store_strided(c, seq, layer, offset, k, 0, v, 0, n_tokens);
 }
 
 /* Write K (and V) of the newest n_tokens slots of `layer`. */
@@ -3655,8 +3730,8 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
   for (u = begin; u < end; u++) {
     const kva__unit *un = &b->units[u];
     int rows = b->n_q[un->seq] * P->R, k;
-    const float *qs = b->q + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->D;
-    float *os = b->out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV;
+    const float *qs = b->q + (size_t)b->q_row[un->seq] * P->q_stride;
+    float *os = b->out + (size_t)b->q_row[un->seq] * P->o_stride;
     float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
     int32_t q_base = (int32_t)(b->pos[un->seq] - b->n_q[un->seq]);
     for (k = 0; k < un->n_chunks; k++) {
@@ -3687,7 +3762,7 @@ KVA_API kva_status kva_batch_run_merges(kva_batch *b, int begin, int end) {
     int rows = b->n_q[un->seq] * P->R;
     kva__merge_item(P, un->g, un->row0, rows - un->row0 < KVA__MAXROWS ? rows - un->row0 : KVA__MAXROWS,
                     b->parts + (size_t)un->part * part, part, KVA__MAXROWS, b->merge_splits[i],
-                    b->out + (size_t)b->q_row[un->seq] * (size_t)P->H * (size_t)P->DV,
+                    b->out + (size_t)b->q_row[un->seq] * P->o_stride,
                     b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL);
   }
   return KVA_OK;
@@ -3825,7 +3900,11 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   kva_rope_apply(&L->rope, q, n_tokens, P.H, P.D, pos);
   kva_rope_apply(&L->rope, k, n_tokens, P.G, P.D, pos);
   st = kva_store(c, seq, layer, k, v, n_tokens);
-  if (st == KVA_OK) st = kva_attend_cache(c, seq, layer, &L->attn, q, n_tokens, att);
+  if (st == KVA_OK) {
+    kva_attn packed = L->attn; /* the layer's own buffers are packed, whatever strides L->attn names */
+    packed.q_stride = packed.out_stride = packed.k_stride = packed.v_stride = 0;
+    st = kva_attend_cache(c, seq, layer, &packed, q, n_tokens, att);
+  }
   if (st == KVA_OK) kva__linear(att, n_tokens, P.H * P.D, L->wo, L->bo, L->d_model, y, nt);
   kva__tmp_give(c, q, bytes, owned);
   return st;
