@@ -334,6 +334,9 @@ typedef struct {
   int budget;   /* tokens held at most (after the append, unless nothing is evictable) */
   int n_sink;
   int n_recent; /* H2O only */
+  int rollback; /* 1: an append evicts only what the tokens held before it exceed the budget by, so
+                   truncating within the newest step (a rejected draft) never costs a held token;
+                   up to budget + the step's tokens are held */
 } kva_evict;
 
 typedef struct kva_cache kva_cache; /* opaque: its members are not part of the API */
@@ -3009,6 +3012,7 @@ static inline int kva__evictable(const kva_cache *c, const kva__seq *s, const kv
 /* Tokens an append of n may evict: the fewest evictable over all heads. */
 static inline int kva__evict_count(const kva_cache *c, const kva__seq *s, const kva_evict *e, int n) {
   int l, g, slot, want, least = INT_MAX;
+  if (e->rollback) n = 0; /* the new step's tokens wait for the next append */
   if (e->kind == KVA_EVICT_NONE || (long)s->len + n <= e->budget) return 0;
   want = (int)((long)s->len + n - e->budget);
   for (l = 0; l < c->n_layers; l++)
@@ -3065,7 +3069,7 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
 }
 
 static inline kva_status kva__evict_check(const kva_evict *e) {
-  if (!e) return KVA_ERR_ARG;
+  if (!e || e->rollback < 0 || e->rollback > 1) return KVA_ERR_ARG;
   switch (e->kind) {
     case KVA_EVICT_NONE: return KVA_OK;
     case KVA_EVICT_WINDOW:
@@ -3246,12 +3250,15 @@ KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   if (n_keep > s->len) return KVA_ERR_ARG;
-  if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* tokens were evicted */
+  /* after eviction a slot is no longer its position, except in the newest
+     step: its tokens were appended after the eviction, at the end */
+  if (s->pos != s->len && n_keep < s->len - s->last_append) return KVA_ERR_UNSUPPORTED;
   keep_blocks = kva__blocks_for(c, n_keep);
   while (s->n_blocks > keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   kva__step_begin(c, s, 0);
   if (s->unstored_from >= n_keep) s->unstored_from = INT_MAX;
-  s->len = s->pos = n_keep;
+  s->pos -= s->len - n_keep;
+  s->len = n_keep;
   return KVA_OK;
 }
 

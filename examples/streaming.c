@@ -16,7 +16,7 @@ static float frand(unsigned *s) {
 int main(void) {
   kva_cache_desc cd;
   kva_attn a;
-  kva_evict ev;
+  kva_evict ev = {0};
   kva_cache_stats st;
   kva_cache *cache;
   float k[G * D], v[G * D], q[H * D], out[H * D];

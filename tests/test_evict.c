@@ -308,6 +308,7 @@ static kva_attn ev_attn(int H, int G, int D, int Dv, int window, int n_sink) {
 
 static kva_evict ev_pol(kva_evict_kind k, int budget, int n_sink, int n_recent) {
   kva_evict e;
+  memset(&e, 0, sizeof e);
   e.kind = k; e.budget = budget; e.n_sink = n_sink; e.n_recent = n_recent;
   return e;
 }
@@ -712,10 +713,19 @@ static void test_args(void) {
   KT_STATUS(kva_seq_append(c, seq, 4), KVA_OK);
   KT_CHECK(kva_seq_len(c, seq) == 6 && kva_seq_pos(c, seq) == 8, "after evicting: len %d pos %d",
            kva_seq_len(c, seq), kva_seq_pos(c, seq));
-  KT_STATUS(kva_seq_truncate(c, seq, 3), KVA_ERR_UNSUPPORTED);
+  /* below the newest step (slots 2..5): refused; within it: allowed, positions follow */
+  KT_STATUS(kva_seq_truncate(c, seq, 1), KVA_ERR_UNSUPPORTED);
   KT_STATUS(kva_seq_publish(c, seq, toks, 4, 0), KVA_ERR_UNSUPPORTED);
   KT_CHECK(kva_seq_len(c, seq) == 6 && kva_seq_pos(c, seq) == 8, "after refused truncate: len %d pos %d",
            kva_seq_len(c, seq), kva_seq_pos(c, seq));
+  KT_STATUS(kva_seq_truncate(c, seq, 3), KVA_OK);
+  KT_CHECK(kva_seq_len(c, seq) == 3 && kva_seq_pos(c, seq) == 5, "truncate within the newest step after eviction: "
+           "len %d pos %d, want 3 and 5", kva_seq_len(c, seq), kva_seq_pos(c, seq));
+  KT_STATUS(kva_seq_truncate(c, seq, 2), KVA_ERR_UNSUPPORTED); /* that truncate ended the step */
+  KT_STATUS(kva_seq_append(c, seq, 3), KVA_OK);
+  e.rollback = 2;
+  KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_ERR_ARG);
+  e.rollback = 0;
   /* policy off again: still a sequence that has evicted */
   e = ev_pol(KVA_EVICT_NONE, 0, 0, 0);
   KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_OK);
@@ -728,7 +738,99 @@ static void test_args(void) {
   kva_cache_destroy(c);
 }
 
+/* Speculative decoding under eviction with rollback = 1: each step appends
+   n_draft tokens, stores and attends them, then keeps the first k (a
+   truncate). A twin cache appends only the accepted tokens. A rejected draft
+   must cost no held token: after every step both hold the same number of
+   tokens, and under WINDOW the same positions and values, and attend alike
+   (bit for bit). Without rollback the drafts do cost tokens (checked too, so
+   the test shows what the flag changes). */
+static void test_rollback(void) {
+  kt_rng r;
+  int it;
+  kt_begin("evict: speculative steps rolled back under WINDOW / H2O (rollback = 1)");
+  kt_seed(&r, 0x20BB);
+  for (it = 0; it < kt_iters(40); it++) {
+    int G = kt_int(&r, 1, 2), Hh = G * kt_int(&r, 1, 2), D = kt_int(&r, 1, 24), bs = kt_int(&r, 1, 8);
+    int budget = kt_int(&r, 4, 40), h2o = it % 3 == 2, lossy = it % 5 == 4, step, ci, seq[2] = {-1, -1};
+    kva_cache_desc d;
+    kva_cache *c[2] = {NULL, NULL};
+    kva_evict e;
+    kva_attn a;
+    memset(&d, 0, sizeof d);
+    d.n_layers = 1, d.n_kv_heads = G, d.head_dim = D, d.block_size = bs, d.n_blocks = 2 * (budget + 16) / bs + 8;
+    d.dtype = KVA_F32;
+    memset(&e, 0, sizeof e);
+    e.kind = h2o ? KVA_EVICT_H2O : KVA_EVICT_WINDOW;
+    e.budget = budget;
+    e.n_sink = kt_int(&r, 0, 2);
+    e.n_recent = h2o ? 2 : 0;
+    e.rollback = !lossy;
+    memset(&a, 0, sizeof a);
+    a.n_heads = Hh, a.n_kv_heads = G, a.head_dim = D, a.n_threads = 1;
+    for (ci = 0; ci < 2; ci++)
+      if (kva_cache_create(&d, &c[ci]) != KVA_OK || kva_seq_new(c[ci], &seq[ci]) != KVA_OK ||
+          kva_seq_set_evict(c[ci], seq[ci], &e) != KVA_OK)
+        KT_CHECK(0, "setup");
+    for (step = 0; step < 30 && c[0] && c[1]; step++) {
+      int n_draft = step == 0 ? kt_int(&r, 1, budget) : kt_int(&r, 1, 6), keep = kt_int(&r, 1, n_draft), t;
+      int len0 = kva_seq_len(c[0], seq[0]), len1;
+      float *kv = KT_ALLOC(float, (size_t)n_draft * G * D), *q = KT_ALLOC(float, (size_t)n_draft * Hh * D);
+      float *o0 = KT_ALLOC(float, (size_t)Hh * D), *o1 = KT_ALLOC(float, (size_t)Hh * D);
+      kt_fill(&r, kv, (size_t)n_draft * G * D, -1, 1);
+      kt_fill(&r, q, (size_t)n_draft * Hh * D, -1, 1);
+      /* the speculative cache: draft, attend the whole draft, keep `keep` */
+      KT_STATUS(kva_seq_append(c[0], seq[0], n_draft), KVA_OK);
+      KT_STATUS(kva_store(c[0], seq[0], 0, kv, kv, n_draft), KVA_OK);
+      {
+        float *ob = KT_ALLOC(float, (size_t)n_draft * Hh * D);
+        KT_STATUS(kva_attend_cache(c[0], seq[0], 0, &a, q, n_draft, ob), KVA_OK);
+        free(ob);
+      }
+      KT_STATUS(kva_seq_truncate(c[0], seq[0], kva_seq_len(c[0], seq[0]) - (n_draft - keep)), KVA_OK);
+      /* the twin: only the accepted tokens */
+      KT_STATUS(kva_seq_append(c[1], seq[1], keep), KVA_OK);
+      KT_STATUS(kva_store(c[1], seq[1], 0, kv, kv, keep), KVA_OK);
+      len1 = kva_seq_len(c[1], seq[1]);
+      KT_CHECK(kva_seq_pos(c[0], seq[0]) == kva_seq_pos(c[1], seq[1]), "positions differ after rollback: %d vs %d",
+               kva_seq_pos(c[0], seq[0]), kva_seq_pos(c[1], seq[1]));
+      if (!lossy) {
+        KT_CHECK(kva_seq_len(c[0], seq[0]) == len1,
+                 "a rolled-back draft cost held tokens: %d held, %d without drafts (budget %d, %s, step %d)",
+                 kva_seq_len(c[0], seq[0]), len1, budget, h2o ? "H2O" : "WINDOW", step);
+        KT_CHECK(len1 <= budget + keep, "held %d > budget %d + step %d", len1, budget, keep);
+      } else if (len0 + n_draft > budget) {
+        KT_CHECK(kva_seq_len(c[0], seq[0]) < len1 || len0 + keep <= budget || kva_seq_len(c[0], seq[0]) == budget,
+                 "without rollback a draft should cost tokens once over budget (held %d vs %d)",
+                 kva_seq_len(c[0], seq[0]), len1);
+      }
+      if (!lossy && !h2o && kva_seq_len(c[0], seq[0]) == len1) { /* WINDOW: the same tokens, the same answers */
+        float k0[64], k1[64], v0[64], v1[64];
+        int32_t p0[2], p1[2];
+        int sl, same = 1;
+        for (sl = 0; sl < len1; sl++) {
+          KT_STATUS(kva_seq_read(c[0], seq[0], 0, sl, k0, v0, p0), KVA_OK);
+          KT_STATUS(kva_seq_read(c[1], seq[1], 0, sl, k1, v1, p1), KVA_OK);
+          same &= kt_same_bits(k0, k1, (size_t)G * D) && kt_same_bits(v0, v1, (size_t)G * D) && p0[0] == p1[0];
+        }
+        KT_CHECK(same, "WINDOW with rollback: held tokens differ from the twin's (step %d)", step);
+        /* one more decode token in both: same output */
+        for (t = 0; t < 2; t++) {
+          KT_STATUS(kva_seq_append(c[t], seq[t], 1), KVA_OK);
+          KT_STATUS(kva_store(c[t], seq[t], 0, kv, kv, 1), KVA_OK);
+          KT_STATUS(kva_attend_cache(c[t], seq[t], 0, &a, q, 1, t ? o1 : o0), KVA_OK);
+        }
+        KT_CHECK(kt_same_bits(o0, o1, (size_t)Hh * D), "WINDOW with rollback: attention differs from the twin's");
+      }
+      free(kv), free(q), free(o0), free(o1);
+    }
+    kva_cache_destroy(c[0]);
+    kva_cache_destroy(c[1]);
+  }
+}
+
 void test_evict(void) {
+  test_rollback();
   test_window_lossless(1, 0);
   test_window_lossless(1, 20);
   test_window_lossless(3, 12);
