@@ -91,6 +91,80 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
   free(out);
 }
 
+static long max_ctx(const opts *o);
+
+/* The three decode limits side by side (GQA f16 at the largest --ctx, cold,
+   timed in turns): one contiguous block against 16-token blocks (paging's
+   cost), and 16-token blocks on 1 and 2 threads against that thread count's
+   read bandwidth. */
+static void run_limits(const opts *o, const machine *m) {
+  enum { NL = 3 };
+  static const char *const name[NL] = {"one contiguous block", "16-token blocks", "16-token blocks"};
+  static const int bsz[NL] = {0, 16, 16}, nthr[NL] = {1, 1, 2};
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  long ctx = max_ctx(o);
+  rows t = {0};
+  kva_cache *c[NL];
+  kva_status st = KVA_OK;
+  call_ctx x[NL];
+  call_fn f[NL];
+  timing tm[NL];
+  int seq[NL], i;
+  uint64_t rng = o->seed + 7;
+  float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+  for (i = 0; i < NL; i++) c[i] = NULL;
+  for (i = 0; i < NL && st == KVA_OK; i++) {
+    progress("decode limits: %s, %d thread(s), filling the cache", name[i], nthr[i]);
+    st = build_cache(&s, KVA_F16, ctx, 1, bsz[i] ? bsz[i] : (int)ctx, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c[i], &seq[i]);
+    memset(&x[i], 0, sizeof x[i]);
+    x[i].c = c[i], x[i].seq = seq[i], x[i].a = shape_attn(&s, nthr[i]), x[i].q = q, x[i].n_q = 1, x[i].out = out;
+    f[i] = call_cache;
+  }
+  if (st == KVA_OK) {
+    progress("decode limits: ctx=%ld, timed in turns, cold", ctx);
+    time_interleaved(f, x, NL, 1, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
+  }
+  progress_end();
+  for (i = 0; i < NL; i++) {
+    row *w = rows_add(&t, "decode_limits");
+    set_shape_cols(w, &s, KVA_F16);
+    rs(w, C_NAME, "%s", name[i]);
+    rn(w, C_CTX, (double)ctx);
+    rn(w, C_THREADS, nthr[i]);
+    rn(w, C_BLOCK, bsz[i] ? bsz[i] : (double)ctx);
+    if (st != KVA_OK || tm[i].st != KVA_OK) {
+      rs(w, C_NOTE, "ERROR %s", kva_status_str(st != KVA_OK ? st : tm[i].st));
+      g_failed = 1;
+      continue;
+    }
+    set_timing(w, &tm[i]);
+    set_roof(w, m, nthr[i], (double)ctx * (double)shape_bpt(&s, KVA_F16), 2.0 * s.H * (double)ctx * (s.D + s.DV),
+             tm[i].med);
+    if (i == 1 && tm[0].st == KVA_OK) {
+      rn(w, C_RATIO, tm[1].med / tm[0].med);
+      rs(w, C_NOTE, "paged / contiguous");
+    }
+    if (i == 2) rs(w, C_NOTE, "/BW against the 2-thread read bandwidth");
+  }
+  if (g_fmt == OUT_TABLE) {
+    static const vcol v[] = {{C_NAME, "layout", FM_STR},   {C_THREADS, "threads", FM_INT}, {C_TMED, "ms", FM_MS},
+                             {C_GBPS, "GB/s", FM_F1},      {C_BW, "BW GB/s", FM_F1},       {C_BWRATIO, "/BW", FM_F2},
+                             {C_RATIO, "vs contig.", FM_F2}, {C_NOTE, "note", FM_STR}};
+    char title[400];
+    snprintf(title, sizeof title,
+             "Decode limits: GQA (H=%d G=%d D=%d) f16, %ld tokens, cold, timed in turns: paging's cost (16-token\n"
+             "  blocks against one contiguous block) and the read bandwidth reached on 1 and 2 threads",
+             s.H, s.G, s.D, ctx);
+    print_table(title, v, NV(v), &t, C_NAME);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+  for (i = 0; i < NL; i++)
+    if (c[i]) kva_cache_destroy(c[i]);
+  free(q);
+  free(out);
+}
+
 /* the largest of o->ctx */
 static long max_ctx(const opts *o) {
   long c = 0;
@@ -219,4 +293,5 @@ void summary_speed(const opts *o, const machine *m) {
   print_dtype_block(&t, o, err_ctx);
   emit_rows(&t);
   rows_free(&t);
+  run_limits(o, m);
 }
