@@ -244,6 +244,10 @@ typedef struct {
   int n_threads;                     /* 0 => OpenMP's default; 1 => no threading */
   int q_stride, out_stride;          /* floats from one token's row to the next; 0 => packed (H*D, H*DV) */
   int k_stride, v_stride;            /* kva_attend's k and v the same way; 0 => packed (G*D, G*DV) */
+  int non_causal;                    /* 1: keys after the query are visible too (encoders); a window
+                                        then reaches both ways */
+  float alibi_max_bias;              /* 0 => none; else ALiBi: score -= slope_h * |qpos - kpos|, the
+                                        slopes of max bias b (8 in BLOOM / the paper) */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -1847,31 +1851,51 @@ typedef struct {
   float scale, softcap;
   int window, n_sink;
   size_t q_stride, o_stride; /* floats from one query token's row (out row) to the next */
+  int non_causal;
+  float alibi_max_bias;
 } kva__attn_params;
 
 static inline int kva__visible(const kva__attn_params *P, int32_t qp, int32_t kp) {
-  if (kp > qp) return 0;
+  int64_t dist = (int64_t)qp - (int64_t)kp;
+  if (dist < 0 && !P->non_causal) return 0;
   if (P->window <= 0 || kp < P->n_sink) return 1;
-  return (int64_t)qp - (int64_t)kp < (int64_t)P->window;
+  return (dist < 0 ? -dist : dist) < (int64_t)P->window;
+}
+
+/* ALiBi's slope of query head h (Press et al. 2022, as BLOOM and llama.cpp
+   compute it for any head count): with n the largest power of two <= H,
+   heads below n take 2^(-b/n)^(h+1), the rest 2^(-b/2n)^(2(h-n)+1). */
+static inline float kva__alibi_slope(const kva__attn_params *P, int h) {
+  int n = 1;
+  if (P->alibi_max_bias == 0.0f) return 0.0f;
+  while (n * 2 <= P->H) n *= 2;
+  if (h < n) return (float)pow(2.0, -(double)P->alibi_max_bias / n * (h + 1));
+  return (float)pow(2.0, -(double)P->alibi_max_bias / (2.0 * n) * (2 * (h - n) + 1));
 }
 
 /* Whether every key of a tile (positions kmin..kmax) is visible to every
    row (positions qmin..qmax): then the per-key mask can be skipped. */
 static inline int kva__tile_all_visible(const kva__attn_params *P, int32_t qmin, int32_t qmax, int32_t kmin,
                                         int32_t kmax) {
-  return kmax <= qmin && (P->window <= 0 || (int64_t)qmax - (int64_t)kmin < (int64_t)P->window);
+  int64_t reach = (int64_t)qmax - (int64_t)kmin; /* the farthest distance in the tile */
+  if (P->non_causal && (int64_t)kmax - (int64_t)qmin > reach) reach = (int64_t)kmax - (int64_t)qmin;
+  return (P->non_causal || kmax <= qmin) && (P->window <= 0 || reach < (int64_t)P->window);
 }
 
-/* One row's raw scores s[0..nk) become logits (scaled, soft-capped, -inf
-   where masked) in place; returns their maximum. */
+/* One row's raw scores s[0..nk) become logits (scaled, soft-capped, ALiBi's
+   -slope * distance added, -inf where masked) in place; returns their maximum. */
 static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int all_visible, int32_t qp,
-                                const int32_t *kpos) {
+                                const int32_t *kpos, float slope) {
   float mt = -INFINITY;
   int j;
-  if (all_visible && P->softcap <= 0.0f) return kva__scale_max(s, nk, P->scale);
+  if (all_visible && P->softcap <= 0.0f && slope == 0.0f) return kva__scale_max(s, nk, P->scale);
   for (j = 0; j < nk; j++) {
     float x = s[j] * P->scale;
     if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
+    if (slope != 0.0f) {
+      int64_t dist = (int64_t)qp - (int64_t)kpos[j];
+      x -= slope * (float)(dist < 0 ? -dist : dist);
+    }
     if (!all_visible && !kva__visible(P, qp, kpos[j])) x = -INFINITY;
     s[j] = x;
     if (x > mt) mt = x;
@@ -1888,8 +1912,8 @@ static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int
    order, is added to its slot's score. The scores are recomputed tile by
    tile (the pass kept no probabilities); `scores` is the pass's tile buffer. */
 static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                      const float *const *qr, const int32_t *qp, int nrows, const float *m,
-                                      const float *l, int read_pos, float *scores) {
+                                      const float *const *qr, const int32_t *qp, const float *slope, int nrows,
+                                      const float *m, const float *l, int read_pos, float *scores) {
   const void *krows[KVA__TILE], *vrows[KVA__TILE];
   int32_t kpos[KVA__TILE], kmin, kmax, qmin = INT32_MAX, qmax = INT32_MIN;
   int j0, j, t, rb;
@@ -1901,7 +1925,7 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
     int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible;
     float colsum[KVA__TILE];
     kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
-    if (kmin > qmax) continue;
+    if (kmin > qmax && !P->non_causal) continue;
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
       kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
@@ -1912,7 +1936,7 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, inv;
       if (l[t] <= 0.0f) continue;
-      (void)kva__logits(P, s, nk, all_visible, qp[t], kpos);
+      (void)kva__logits(P, s, nk, all_visible, qp[t], kpos, slope[t]);
       (void)kva__exp_sub_sum(s, nk, m[t]);
       inv = 1.0f / l[t];
       for (j = 0; j < nk; j++) colsum[j] += s[j] * inv;
@@ -1929,7 +1953,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                                     const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
                                     float *out, float *lse, int compact) {
   float scores[KVA__MAXROWS * KVA__TILE];
-  float m[KVA__MAXROWS], l[KVA__MAXROWS];
+  float m[KVA__MAXROWS], l[KVA__MAXROWS], slope[KVA__MAXROWS];
   const float *qr[KVA__MAXROWS];
   float *acc[KVA__MAXROWS];
   /* tile b of the KV range lives in buffer b % 2: the next tile is filled
@@ -1948,13 +1972,14 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     acc[t] = out + (compact ? (size_t)t * (size_t)P->DV : (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV);
     memset(acc[t], 0, (size_t)P->DV * sizeof(float));
     qp[t] = q_pos ? q_pos[i] : (int32_t)(q_base + i);
+    slope[t] = kva__alibi_slope(P, h);
     if (qp[t] < qmin) qmin = qp[t];
     if (qp[t] > qmax) qmax = qp[t];
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
   /* a decode step (no window, no key after any query) masks nothing */
-  read_pos = P->window > 0 || w->pos_max > qmin;
+  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || (!P->non_causal && w->pos_max > qmin);
   if (kv1 > kv0)
     kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0],
                    read_pos ? kpos_buf[0] : NULL,
@@ -1974,8 +1999,9 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                      &kmin_buf[!cb], &kmax_buf[!cb]);
       prefetch_next = kmin_buf[!cb] <= qmax;
     }
-    if (kmin > qmax || /* every key is in every row's future, or out of every row's window */
-        (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window)) {
+    if ((kmin > qmax && !P->non_causal) || /* every key is in every row's future, or out of every row's window */
+        (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) ||
+        (P->window > 0 && P->non_causal && kmin >= P->n_sink && (int64_t)kmin - (int64_t)qmax >= (int64_t)P->window)) {
       if (prefetch_next) {
         kva__prefetch_rows(krows_buf[!cb], nn, kbytes);
         kva__prefetch_rows(vrows_buf[!cb], nn, vbytes);
@@ -1994,7 +2020,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                     kva__view_scale(w->k_fp8_scale, g), rb == 0 ? &next : NULL);
     }
     for (t = 0; t < nrows; t++) {
-      float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos);
+      float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos, slope[t]);
       if (mt == -INFINITY) { /* nothing visible in this tile for this row */
         memset(s, 0, (size_t)nk * sizeof(float));
         continue;
@@ -2015,7 +2041,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                      kva__view_scale(w->v_fp8_scale, g));
     }
   }
-  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, nrows, m, l, read_pos, scores);
+  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, slope, nrows, m, l, read_pos, scores);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
     if (l[t] > 0.0f) (void)kva__scale_max(acc[t], P->DV, 1.0f / l[t]);
@@ -2202,6 +2228,10 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   P->softcap = a->softcap;
   P->window = a->window;
   P->n_sink = a->n_sink;
+  if (a->non_causal < 0 || a->non_causal > 1) return KVA_ERR_ARG;
+  if (!(a->alibi_max_bias >= 0.0f) || a->alibi_max_bias > 64.0f) return KVA_ERR_ARG;
+  P->non_causal = a->non_causal;
+  P->alibi_max_bias = a->alibi_max_bias;
   P->q_stride = a->q_stride ? (size_t)a->q_stride : (size_t)P->H * (size_t)P->D;
   P->o_stride = a->out_stride ? (size_t)a->out_stride : (size_t)P->H * (size_t)P->DV;
   return KVA_OK;

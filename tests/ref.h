@@ -99,6 +99,8 @@ typedef struct {
   double scale;
   int window, n_sink;
   double softcap;
+  int non_causal;
+  double alibi_max_bias;
 } ref_attn_cfg;
 
 /* The contract's defaults: v_dim 0 => head_dim, scale 0 => 1/sqrt(head_dim). */
@@ -112,14 +114,31 @@ static inline ref_attn_cfg ref_cfg(const kva_attn *a) {
   c.window = a->window;
   c.n_sink = a->n_sink;
   c.softcap = (double)a->softcap;
+  c.non_causal = a->non_causal;
+  c.alibi_max_bias = (double)a->alibi_max_bias;
   return c;
+}
+
+/* ALiBi slopes (Press et al. 2022, "Train Short, Test Long", and the
+   reference code's get_slopes): for a power-of-two head count n the
+   geometric sequence 2^(-b/n), 2^(-2b/n), ..., 2^(-nb/n) (b = 8 in the
+   paper); otherwise the sequence for the largest power of two n below H,
+   followed by every other term (the 1st, 3rd, ...) of the sequence for 2n,
+   H - n of them. b = max bias. */
+static inline double ref_alibi_slope(const ref_attn_cfg *c, int h) {
+  int n = 1;
+  if (c->alibi_max_bias == 0.0) return 0.0;
+  while (2 * n <= c->H) n *= 2;
+  if (h < n) return pow(2.0, -c->alibi_max_bias * (double)(h + 1) / (double)n);
+  return pow(2.0, -c->alibi_max_bias * (double)(2 * (h - n) + 1) / (double)(2 * n));
 }
 
 /* Key at kp visible to a query at qp (docs/API.md, "Conventions": positions). */
 static inline int ref_visible(const ref_attn_cfg *c, int32_t qp, int32_t kp) {
-  if (kp > qp) return 0;
+  int64_t dist = (int64_t)qp - (int64_t)kp;
+  if (kp > qp && !c->non_causal) return 0;
   if (c->window <= 0) return 1;
-  if ((int64_t)qp - (int64_t)kp < (int64_t)c->window) return 1;
+  if (llabs((long long)dist) < (long long)c->window) return 1;
   return kp < c->n_sink;
 }
 
@@ -151,6 +170,7 @@ static inline void ref_attend(const ref_attn_cfg *c, const double *q, int n_q,
         for (d = 0; d < c->D; d++) dot += qh[d] * kj[d];
         dot *= c->scale;
         if (c->softcap > 0.0) dot = c->softcap * tanh(dot / c->softcap);
+        dot -= ref_alibi_slope(c, h) * fabs((double)qp - (double)kp);
         s[j] = dot;
         if (dot > m) m = dot;
         any = 1;
@@ -222,7 +242,7 @@ static inline void ref_linear(const float *W, const float *b, const double *x, i
 
 static inline double *ref_dup_f(const float *x, size_t n) {
   size_t i;
-  double *d = (double *)malloc(sizeof(double) * (n ? n : 1));
+  double *d = (double *)calloc(n ? n : 1, sizeof(double)); /* calloc: an empty array still reads as 0 */
   if (!d) abort();
   for (i = 0; i < n; i++) d[i] = (double)x[i];
   return d;

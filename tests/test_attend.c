@@ -429,6 +429,8 @@ static void test_random_shapes(void) {
       tc.a.softcap = caps[kt_int(&r, 0, 2)];
     }
     if (kt_int(&r, 0, 2) == 0) tc.a.scale = kt_uniform(&r, 0.02f, 1.0f);
+    if (kt_int(&r, 0, 4) == 0) tc.a.non_causal = 1;                     /* encoder / cross-attention */
+    if (kt_int(&r, 0, 4) == 0) tc.a.alibi_max_bias = kt_int(&r, 0, 1) ? 8.0f : kt_uniform(&r, 0.5f, 16.0f);
     tc.a.n_threads = kt_int(&r, 0, 2);
     tc.n_q = n_q;
     tc.n_kv = n_kv;

@@ -268,6 +268,8 @@ static void check_attend(kt_rng *r, const cshape *s, sseq *q, int l, int n_q) {
     case 3: a.scale = kt_uniform(r, 0.1f, 1.0f); break;
     default: break;
   }
+  if (kt_int(r, 0, 4) == 0) a.non_causal = 1; /* the newest queries see every held key */
+  if (kt_int(r, 0, 4) == 0) a.alibi_max_bias = 8.0f;
   a.n_threads = kt_int(r, 0, 2);
   c = ref_cfg(&a);
   nq = (size_t)n_q * H * s->D;
