@@ -1882,6 +1882,16 @@ static inline int kva__tile_all_visible(const kva__attn_params *P, int32_t qmin,
   return (P->non_causal || kmax <= qmin) && (P->window <= 0 || reach < (int64_t)P->window);
 }
 
+/* Whether no key of a tile is visible to any row: every key in every row's
+   future (causal), or out of every row's window. */
+static inline int kva__tile_none_visible(const kva__attn_params *P, int32_t qmin, int32_t qmax, int32_t kmin,
+                                         int32_t kmax) {
+  if (kmin > qmax && !P->non_causal) return 1;
+  if (P->window <= 0 || kmin < P->n_sink) return 0;
+  return (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window ||
+         (P->non_causal && (int64_t)kmin - (int64_t)qmax >= (int64_t)P->window);
+}
+
 /* One row's raw scores s[0..nk) become logits (scaled, soft-capped, ALiBi's
    -slope * distance added, -inf where masked) in place; returns their maximum. */
 static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int all_visible, int32_t qp,
@@ -1925,7 +1935,7 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
     int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible;
     float colsum[KVA__TILE];
     kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
-    if (kmin > qmax && !P->non_causal) continue;
+    if (kva__tile_none_visible(P, qmin, qmax, kmin, kmax)) continue; /* it adds 0 to every score */
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
       kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
@@ -1999,9 +2009,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                      &kmin_buf[!cb], &kmax_buf[!cb]);
       prefetch_next = kmin_buf[!cb] <= qmax;
     }
-    if ((kmin > qmax && !P->non_causal) || /* every key is in every row's future, or out of every row's window */
-        (P->window > 0 && kmin >= P->n_sink && (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window) ||
-        (P->window > 0 && P->non_causal && kmin >= P->n_sink && (int64_t)kmin - (int64_t)qmax >= (int64_t)P->window)) {
+    if (kva__tile_none_visible(P, qmin, qmax, kmin, kmax)) {
       if (prefetch_next) {
         kva__prefetch_rows(krows_buf[!cb], nn, kbytes);
         kva__prefetch_rows(vrows_buf[!cb], nn, vbytes);
@@ -2300,6 +2308,7 @@ static inline kva_status kva__rope_check(const kva_rope *r, int head_dim, int *d
   d = r->dim ? r->dim : head_dim;
   if (d < 0 || d > head_dim || (d & 1)) return KVA_ERR_ARG;
   if (!r->inv_freq && !(r->theta >= 0.0f && r->theta <= FLT_MAX)) return KVA_ERR_ARG;
+  if (r->table_len < 0 || (r->table_len > 0 && !r->table)) return KVA_ERR_ARG;
   *dim = d;
   return KVA_OK;
 }
@@ -2361,9 +2370,7 @@ KVA_API kva_status kva_rope_apply_strided(const kva_rope *r, float *x, int strid
                                           int head_dim, const int32_t *pos) {
   int dim = 0, t;
   if (kva__rope_check(r, head_dim, &dim) != KVA_OK || n_tokens < 0 || n_heads <= 0) return KVA_ERR_ARG;
-  if (stride < 0 || (stride && (int64_t)stride < (int64_t)n_heads * head_dim) || r->table_len < 0 ||
-      (r->table_len > 0 && !r->table))
-    return KVA_ERR_ARG;
+  if (stride < 0 || (stride && (int64_t)stride < (int64_t)n_heads * head_dim)) return KVA_ERR_ARG;
   if (n_tokens == 0 || !kva__rope_active(r)) return KVA_OK;
   if (!x) return KVA_ERR_ARG;
   for (t = 0; t < n_tokens; t++)
@@ -2442,7 +2449,7 @@ struct kva_cache {
   kva__seq *seqs;           /* [max_seqs] */
   int32_t *seq_tables;      /* [max_seqs][n_blocks] their block tables */
   int32_t *seq_stored;      /* [max_seqs][n_layers][2] their kva__seq.stored */
-  size_t block_bytes, bytes_meta, alloc_bytes;
+  size_t block_bytes, bytes_meta, alloc_bytes; /* alloc_bytes: the footprint, as asked of the allocator */
   void *(*alloc_fn)(size_t, size_t, void *);
   void (*free_fn)(void *, size_t, void *);
   void *user;
@@ -2580,12 +2587,12 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->v_off = (size_t *)kva__carve(L, layers, sizeof(size_t));
   c->layer_block = (size_t *)kva__carve(L, layers, sizeof(size_t));
   c->pool = (unsigned char **)kva__carve(L, layers, sizeof(unsigned char *));
-  c->block_pos = (int32_t *)kva__carve(L, c->evict_support == KVA_EVICT_SUPPORT_NONE ? 0 : layers * slots * (size_t)c->G,
-                                       sizeof(int32_t));
-  c->block_score = (float *)kva__carve(L, c->evict_support == KVA_EVICT_SUPPORT_ALL ? layers * slots * (size_t)c->G : 0,
-                                       sizeof(float));
-  if (c->evict_support == KVA_EVICT_SUPPORT_NONE) c->block_pos = NULL;
-  if (c->evict_support != KVA_EVICT_SUPPORT_ALL) c->block_score = NULL;
+  c->block_pos = c->evict_support == KVA_EVICT_SUPPORT_NONE
+                     ? NULL
+                     : (int32_t *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(int32_t));
+  c->block_score = c->evict_support != KVA_EVICT_SUPPORT_ALL
+                       ? NULL
+                       : (float *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(float));
   c->victims = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
   c->victim_flag = (unsigned char *)kva__carve(L, slots, 1);
   c->blk = (kva__block *)kva__carve(L, blocks + 2, sizeof(kva__block));
@@ -2689,27 +2696,26 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   if (!out) return KVA_ERR_ARG;
   st = kva__cache_shape(d, &shape, &n_buckets, &footprint);
   if (st != KVA_OK) return st;
-  L.base = NULL, L.size = 0, L.overflow = 0;
-  kva__cache_layout(&L, &shape, n_buckets);
-  if (d->alloc_fn) allocated = raw = (unsigned char *)d->alloc_fn(L.size, 64, d->user);
-  else { /* malloc promises less than 64-byte alignment: align by hand */
-    unsigned char *r = (unsigned char *)KVATTN_MALLOC(L.size + 64);
+  if (d->alloc_fn) allocated = raw = (unsigned char *)d->alloc_fn(footprint, 64, d->user);
+  else { /* malloc promises less than 64-byte alignment: footprint has 64 bytes to align by hand */
+    unsigned char *r = (unsigned char *)KVATTN_MALLOC(footprint);
     allocated = r;
     raw = r ? r + (64 - ((uintptr_t)r & 63)) : NULL;
   }
   if (!raw) return KVA_ERR_NOMEM;
   c = (kva_cache *)raw;
   *c = shape;
-  data = L.size - shape.block_bytes * (size_t)shape.n_blocks;
+  data = footprint - (d->alloc_fn ? 0 : 64) - shape.block_bytes * (size_t)shape.n_blocks;
   /* bookkeeping only: block data is zeroed as slots are appended */
   memset(raw + sizeof(kva_cache), 0, data - sizeof(kva_cache));
   L.base = raw, L.size = 0;
   pool = kva__cache_layout(&L, c, n_buckets);
+  KVATTN_ASSERT(L.size + (d->alloc_fn ? 0 : 64) == footprint);
   c->raw = allocated;
   c->alloc_fn = d->alloc_fn;
   c->free_fn = d->free_fn;
   c->user = d->user;
-  c->alloc_bytes = L.size;
+  c->alloc_bytes = footprint; /* what was asked of the allocator */
   c->bytes_meta = data;
   c->bucket_mask = (uint64_t)n_buckets - 1;
   c->prefix_max_age = d->prefix_max_age;
@@ -3194,7 +3200,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
     for (i = 0; i < pl.keep_blocks; i++) {
       int l;
       for (l = 0; l < c->n_layers; l++)
-        if (c->block_score) memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
+        memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
     }
   while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl.n_evict;
@@ -3498,6 +3504,8 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->block_pos = c->block_pos ? c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs : NULL;
   w->block_size = c->bs;
   w->n_kv_heads = c->G;
+  if (s->evict.kind == KVA_EVICT_H2O) /* attention adds to the scores; the append made every block private */
+    w->key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
 }
 
 /* Attention of the newest n_q tokens (q [n_q][n_heads][head_dim]) over the
@@ -3518,8 +3526,6 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   if (n_q > s->last_append) return KVA_ERR_ARG;
   if (!kva__step_stored(s, layer)) return KVA_ERR_NOT_STORED;
   kva__cache_view(c, s, layer, &w);
-  if (s->evict.kind == KVA_EVICT_H2O) /* the append made every block of this sequence private */
-    w.key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   {
     float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
     kva__heap from_cache;
@@ -3744,8 +3750,6 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   for (i = 0; i < b->n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
     kva__cache_view(c, s, layer, &b->views[i]);
-    if (s->evict.kind == KVA_EVICT_H2O)
-      b->views[i].key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
   }
   b->layer = layer;
   b->q = q, b->out = out, b->lse = lse;
@@ -4212,7 +4216,7 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   st->block_bytes = c->block_bytes;
   st->bytes_total = c->block_bytes * (size_t)c->n_blocks;
   st->bytes_meta = c->bytes_meta;
-  st->bytes_footprint = c->alloc_bytes + (c->alloc_fn ? 0 : 64);
+  st->bytes_footprint = c->alloc_bytes;
   for (i = 0; i < c->max_seqs; i++)
     if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
 }

@@ -383,6 +383,11 @@ static void test_gqa_bad(void) {
   L = g.L;
   L.rope.dim = 10;
   BADG(kva_gqa_forward(&L, c, seq, 0, x, n, y), KVA_ERR_ARG, "rope dim 10 > head_dim 8");
+  L = g.L;
+  L.rope.table_len = 4; /* a table length without a table: refused up front, not an unrotated layer */
+  BADG(kva_gqa_forward(&L, c, seq, 0, x, n, y), KVA_ERR_ARG, "rope table_len 4, table NULL");
+  L.rope.table_len = -1;
+  BADG(kva_gqa_forward(&L, c, seq, 0, x, n, y), KVA_ERR_ARG, "rope table_len -1");
   BADG(kva_gqa_forward(&g.L, c, seq, 0, x, 0, y), KVA_OK, "n_tokens 0 no-op");
 #undef BADG
   /* none of it stored anything: the appended slots still read zeros */
