@@ -220,7 +220,8 @@ typedef enum {
   KVA_ERR_SEQ,         /* unknown or freed sequence id */
   KVA_ERR_UNSUPPORTED, /* valid but unsupported combination */
   KVA_ERR_SEQ_LIMIT,   /* max_seqs sequences are live: free one (no block is involved) */
-  KVA_ERR_NOT_STORED   /* the step's tokens are not all stored in that layer (kva_store first) */
+  KVA_ERR_NOT_STORED,  /* the step's tokens are not all stored in that layer (kva_store first) */
+  KVA_ERR_STREAM       /* kva_seq_import: truncated, corrupted, or not a kvattn sequence stream */
 } kva_status;
 
 typedef enum {
@@ -248,6 +249,10 @@ typedef struct {
                                         then reaches both ways */
   float alibi_max_bias;              /* 0 => none; else ALiBi: score -= slope_h * |qpos - kpos|, the
                                         slopes of max bias b (8 in BLOOM / the paper) */
+  const int32_t *tree_parent;        /* NULL => linear; else [n_q]: the new tokens form a tree (speculative
+                                        drafts): query i's parent among them (< i), -1 for the cached
+                                        prefix; i sees the prefix and its ancestors, at position
+                                        base + depth(i) */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -432,6 +437,9 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
 KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst);
 KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep);
 KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e);
+KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_t *keep, int n_keep);
+KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, size_t *size);
+KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, int *seq);
 
 /* prefix caching */
 KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens, int n_tokens, uint64_t salt);
@@ -494,6 +502,7 @@ KVA_API const char *kva_status_str(kva_status s) {
     case KVA_ERR_UNSUPPORTED: return "unsupported combination";
     case KVA_ERR_SEQ_LIMIT: return "sequence limit reached (max_seqs live)";
     case KVA_ERR_NOT_STORED: return "tokens appended but not stored in every layer attended or published";
+    case KVA_ERR_STREAM: return "not a valid kvattn sequence stream (truncated or corrupted)";
   }
   return "unknown status";
 }
@@ -1787,7 +1796,31 @@ typedef struct {
   size_t k_code_off, v_code_off;      /* from a stored row's start to its first value */
   const int32_t *table, *block_pos;   /* block_pos: [block][G][bs] */
   int block_size, n_kv_heads;
+  /* tree attention: the keys at positions tree_base .. tree_base + tree_n - 1
+     are the query tokens themselves, a tree by tree_parent (NULL: linear) */
+  const int32_t *tree_parent;
+  int32_t tree_base;
+  int tree_n;
 } kva__kv_view;
+
+/* Tree attention (speculative decoding): node i's parent is parent[i] < i,
+   -1 for the cached prefix. A node sits at base + its depth, so that the
+   accepted path's tokens keep their positions once kva_seq_accept packs them. */
+static inline kva_status kva__tree_check(const int32_t *parent, int n) {
+  int i;
+  for (i = 0; i < n; i++)
+    if (parent[i] < -1 || parent[i] >= i) return KVA_ERR_ARG;
+  return KVA_OK;
+}
+static inline int32_t kva__tree_depth(const int32_t *parent, int node) {
+  int32_t d = 0;
+  while (parent[node] >= 0) node = parent[node], d++;
+  return d;
+}
+static inline int kva__tree_sees(const int32_t *parent, int node, int key) { /* key is node or its ancestor */
+  while (node > key) node = parent[node];
+  return node == key;
+}
 
 static inline float kva__view_scale(const float *per_head, int g) { return per_head ? per_head[g] : 1.0f; }
 
@@ -1895,22 +1928,41 @@ static inline int kva__tile_none_visible(const kva__attn_params *P, int32_t qmin
 /* One row's raw scores s[0..nk) become logits (scaled, soft-capped, ALiBi's
    -slope * distance added, -inf where masked) in place; returns their maximum. */
 static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int all_visible, int32_t qp,
-                                const int32_t *kpos, float slope) {
+                                const int32_t *kpos, float slope, const kva__kv_view *w, int qnode) {
   float mt = -INFINITY;
   int j;
   if (all_visible && P->softcap <= 0.0f && slope == 0.0f) return kva__scale_max(s, nk, P->scale);
   for (j = 0; j < nk; j++) {
     float x = s[j] * P->scale;
+    int32_t kp = kpos ? kpos[j] : 0;
+    int in_tree = 1; /* a tree node's key: visible to its descendants only, at base + its depth */
+    if (w->tree_parent && kp >= w->tree_base) {
+      in_tree = kva__tree_sees(w->tree_parent, qnode, kp - w->tree_base);
+      kp = w->tree_base + kva__tree_depth(w->tree_parent, kp - w->tree_base);
+    }
     if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
     if (slope != 0.0f) {
-      int64_t dist = (int64_t)qp - (int64_t)kpos[j];
+      int64_t dist = (int64_t)qp - (int64_t)kp;
       x -= slope * (float)(dist < 0 ? -dist : dist);
     }
-    if (!all_visible && !kva__visible(P, qp, kpos[j])) x = -INFINITY;
+    if (!all_visible && !(in_tree && kva__visible(P, qp, kp))) x = -INFINITY;
     s[j] = x;
     if (x > mt) mt = x;
   }
   return mt;
+}
+
+/* The rows' smallest and largest positions, for the tile tests; under a
+   tree, the largest also covers every node's index (a node's key sits at
+   base + its index in the cache, and must not look like the future). */
+static inline void kva__rows_range(const kva__kv_view *w, const int32_t *qp, int nrows, int32_t *qmin, int32_t *qmax) {
+  int t;
+  *qmin = INT32_MAX, *qmax = INT32_MIN;
+  for (t = 0; t < nrows; t++) {
+    if (qp[t] < *qmin) *qmin = qp[t];
+    if (qp[t] > *qmax) *qmax = qp[t];
+  }
+  if (w->tree_parent && *qmax < w->tree_base + w->tree_n - 1) *qmax = w->tree_base + w->tree_n - 1;
 }
 
 /* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
@@ -1922,15 +1974,13 @@ static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int
    order, is added to its slot's score. The scores are recomputed tile by
    tile (the pass kept no probabilities); `scores` is the pass's tile buffer. */
 static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                      const float *const *qr, const int32_t *qp, const float *slope, int nrows,
-                                      const float *m, const float *l, int read_pos, float *scores) {
+                                      const float *const *qr, const int32_t *qp, const int *qnode,
+                                      const float *slope, int nrows, const float *m, const float *l, int read_pos,
+                                      float *scores) {
   const void *krows[KVA__TILE], *vrows[KVA__TILE];
-  int32_t kpos[KVA__TILE], kmin, kmax, qmin = INT32_MAX, qmax = INT32_MIN;
+  int32_t kpos[KVA__TILE], kmin, kmax, qmin, qmax;
   int j0, j, t, rb;
-  for (t = 0; t < nrows; t++) {
-    if (qp[t] < qmin) qmin = qp[t];
-    if (qp[t] > qmax) qmax = qp[t];
-  }
+  kva__rows_range(w, qp, nrows, &qmin, &qmax);
   for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
     int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible;
     float colsum[KVA__TILE];
@@ -1941,12 +1991,12 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
       kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
                     kva__view_scale(w->k_fp8_scale, g), NULL);
     }
-    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
+    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
     memset(colsum, 0, sizeof colsum);
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, inv;
       if (l[t] <= 0.0f) continue;
-      (void)kva__logits(P, s, nk, all_visible, qp[t], kpos, slope[t]);
+      (void)kva__logits(P, s, nk, all_visible, qp[t], read_pos ? kpos : NULL, slope[t], w, qnode[t]);
       (void)kva__exp_sub_sum(s, nk, m[t]);
       inv = 1.0f / l[t];
       for (j = 0; j < nk; j++) colsum[j] += s[j] * inv;
@@ -1968,7 +2018,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   float *acc[KVA__MAXROWS];
   /* tile b of the KV range lives in buffer b % 2: the next tile is filled
      (and prefetched) while this one computes, and filled once */
-  int32_t qp[KVA__MAXROWS], kpos_buf[2][KVA__TILE], kmin_buf[2], kmax_buf[2], qmin = INT32_MAX, qmax = INT32_MIN;
+  int32_t qp[KVA__MAXROWS], kpos_buf[2][KVA__TILE], kmin_buf[2], kmax_buf[2], qmin, qmax;
+  int qnode[KVA__MAXROWS];
   const void *krows_buf[2][KVA__TILE], *vrows_buf[2][KVA__TILE];
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
@@ -1982,14 +2033,16 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     acc[t] = out + (compact ? (size_t)t * (size_t)P->DV : (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV);
     memset(acc[t], 0, (size_t)P->DV * sizeof(float));
     qp[t] = q_pos ? q_pos[i] : (int32_t)(q_base + i);
+    qnode[t] = i;
+    if (w->tree_parent) qp[t] = w->tree_base + kva__tree_depth(w->tree_parent, i);
     slope[t] = kva__alibi_slope(P, h);
-    if (qp[t] < qmin) qmin = qp[t];
-    if (qp[t] > qmax) qmax = qp[t];
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
+  kva__rows_range(w, qp, nrows, &qmin, &qmax);
   /* a decode step (no window, no key after any query) masks nothing */
-  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || (!P->non_causal && w->pos_max > qmin);
+  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent ||
+             (!P->non_causal && w->pos_max > qmin);
   if (kv1 > kv0)
     kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0],
                    read_pos ? kpos_buf[0] : NULL,
@@ -2016,7 +2069,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
       }
       continue;
     }
-    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax);
+    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
     next.k = krows_buf[!cb];
     next.v = vrows_buf[!cb];
     next.n = prefetch_next ? nn : 0;
@@ -2028,7 +2081,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                     kva__view_scale(w->k_fp8_scale, g), rb == 0 ? &next : NULL);
     }
     for (t = 0; t < nrows; t++) {
-      float *s = scores + t * KVA__TILE, mt = kva__logits(P, s, nk, all_visible, qp[t], kpos, slope[t]);
+      float *s = scores + t * KVA__TILE;
+      float mt = kva__logits(P, s, nk, all_visible, qp[t], read_pos ? kpos : NULL, slope[t], w, qnode[t]);
       if (mt == -INFINITY) { /* nothing visible in this tile for this row */
         memset(s, 0, (size_t)nk * sizeof(float));
         continue;
@@ -2049,7 +2103,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                      kva__view_scale(w->v_fp8_scale, g));
     }
   }
-  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, slope, nrows, m, l, read_pos, scores);
+  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, qnode, slope, nrows, m, l, read_pos, scores);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
     if (l[t] > 0.0f) (void)kva__scale_max(acc[t], P->DV, 1.0f / l[t]);
@@ -2236,7 +2290,7 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   P->softcap = a->softcap;
   P->window = a->window;
   P->n_sink = a->n_sink;
-  if (a->non_causal < 0 || a->non_causal > 1) return KVA_ERR_ARG;
+  if (a->non_causal < 0 || a->non_causal > 1 || (a->non_causal && a->tree_parent)) return KVA_ERR_ARG;
   if (!(a->alibi_max_bias >= 0.0f) || a->alibi_max_bias > 64.0f) return KVA_ERR_ARG;
   P->non_causal = a->non_causal;
   P->alibi_max_bias = a->alibi_max_bias;
@@ -2257,6 +2311,7 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   if (!q || !out || (n_kv > 0 && (!k || !v))) return KVA_ERR_ARG;
   if (!q_pos && n_q > n_kv) return KVA_ERR_ARG;
   if ((size_t)n_q * (size_t)P.H > (size_t)INT_MAX / 2) return KVA_ERR_ARG;
+  if (a->tree_parent && (q_pos || kv_pos || kva__tree_check(a->tree_parent, n_q) != KVA_OK)) return KVA_ERR_ARG;
   memset(&w, 0, sizeof w);
   w.kt = w.vt = KVA_F32;
   w.k = (const unsigned char *)k;
@@ -2267,6 +2322,9 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   w.v_tok_stride = a->v_stride ? (size_t)a->v_stride * sizeof(float) : w.v_head_stride * (size_t)P.G;
   w.pos = kv_pos;
   w.pos_max = kv_pos ? INT32_MAX : n_kv - 1;
+  w.tree_parent = a->tree_parent; /* the queries are the last n_q keys */
+  w.tree_base = n_kv - n_q;
+  w.tree_n = n_q;
   if (!q_pos && kv_pos) q_pos = kv_pos + (n_kv - n_q); /* the queries are the last n_q keys */
   {
     float scratch[KVA__STACK_SCRATCH]; /* split-K partials of a decode step, which never allocates */
@@ -2978,6 +3036,12 @@ static inline int kva__step_unstored(const kva_cache *c, const kva__seq *s) {
   return first;
 }
 
+/* The first slot some layer has not stored, in any step (INT_MAX: none). */
+static inline int kva__first_unstored(const kva_cache *c, const kva__seq *s) {
+  int unstored = kva__step_unstored(c, s);
+  return s->unstored_from < unstored ? s->unstored_from : unstored;
+}
+
 /* End the sequence's step (remembering what it left unstored) and begin one
    of n_new tokens (0: none, until the next append). */
 static inline void kva__step_begin(kva_cache *c, kva__seq *s, int n_new) {
@@ -2997,6 +3061,8 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
     s->len = s->pos = s->n_blocks = s->last_append = 0;
     s->unstored_from = INT_MAX;
     memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
+    memset(&s->evict, 0, sizeof s->evict); /* not the policy of the id this record held before */
+    memset(&s->evict_next, 0, sizeof s->evict_next);
     c->n_live++;
     *seq = s->gen * c->max_seqs + i;
     return s;
@@ -3299,6 +3365,62 @@ KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
 }
 
 
+/* Of the newest n_new tokens keep those listed in keep (ascending indices
+   into them) and drop the rest: the kept ones move down to consecutive
+   slots and positions, as if only they had been appended (the accepted path
+   of a speculative tree). All or nothing: shared blocks it rewrites are
+   copied first, and if the pool cannot give them nothing changes. */
+KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_t *keep, int n_keep) {
+  kva__seq *s;
+  int j, l, g, first, start, new_len, unstored, kept_stored;
+  long copies = 0;
+  if (!c || n_new < 0 || n_keep < 0 || n_keep > n_new || (n_keep > 0 && !keep)) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_new > s->len) return KVA_ERR_ARG;
+  for (j = 0; j < n_keep; j++)
+    if (keep[j] < 0 || keep[j] >= n_new || (j > 0 && keep[j] <= keep[j - 1])) return KVA_ERR_ARG;
+  /* after eviction only the newest step's slots are still its positions, in order */
+  if (s->pos != s->len && n_new > s->last_append) return KVA_ERR_UNSUPPORTED;
+  start = s->len - n_new;
+  new_len = start + n_keep;
+  for (first = 0; first < n_keep && keep[first] == first; first++) {
+  } /* the kept tokens before `first` are in place already */
+  if (first < n_keep) { /* blocks of slots start + first .. new_len - 1 are rewritten */
+    int b;
+    for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++) copies += kva__block_shared(c, s->table[b]);
+    if (copies > (long)c->n_free + c->n_cached) return KVA_ERR_FULL;
+  }
+
+  /* commit */
+  unstored = kva__first_unstored(c, s);
+  for (kept_stored = 0; kept_stored < n_keep && start + keep[kept_stored] < unstored; kept_stored++) {
+  }
+  kva__step_begin(c, s, 0);
+  unstored = unstored <= start ? unstored : start + kept_stored; /* where the first unstored kept token lands */
+  s->unstored_from = unstored < new_len ? unstored : INT_MAX;
+  if (first < n_keep) {
+    int b;
+    for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++)
+      if (kva__block_shared(c, s->table[b])) kva__copy_on_write(c, s, b);
+  }
+  for (j = first; j < n_keep; j++) { /* slot start + j < start + keep[j]: moves go down, never over a source */
+    int di, si;
+    int32_t db = kva__slot_block(c, s, start + j, &di), sb = kva__slot_block(c, s, start + keep[j], &si);
+    for (l = 0; l < c->n_layers; l++)
+      for (g = 0; g < c->G; g++) {
+        memcpy(kva__k_ptr(c, l, db, g, di), kva__k_ptr(c, l, sb, g, si), c->k_row[l]);
+        if (c->kind == KVA_CACHE_KV) memcpy(kva__v_ptr(c, l, db, g, di), kva__v_ptr(c, l, sb, g, si), c->v_row[l]);
+        if (c->block_pos) *kva__pos_ptr(c, l, db, g, di) = (int32_t)(s->pos - n_new + j);
+        if (c->block_score) *kva__score_ptr(c, l, db, g, di) = *kva__score_ptr(c, l, sb, g, si);
+      }
+  }
+  while (s->n_blocks > kva__blocks_for(c, new_len)) kva__block_release(c, s->table[--s->n_blocks]);
+  s->pos -= n_new - n_keep;
+  s->len = new_len;
+  return KVA_OK;
+}
+
 /* Would an append of n_tokens succeed now, once other sequences release
    their blocks, or never in this pool; *blocks_needed = blocks it takes. */
 KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blocks_needed) {
@@ -3320,26 +3442,14 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
 
 /* --- prefix caching --- */
 
-/* Make the full blocks holding the first n_tokens tokens reusable under
-   (salt, tokens). A block keeps the first key it was published under. */
-KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens, int n_tokens, uint64_t salt) {
-  kva__seq *s;
-  int i, n_full;
+/* Publish the sequence's first n_full blocks under (salt, tokens), each
+   under its parent's publication; a key another block already holds
+   carries the chain on through that block. */
+static inline void kva__publish_blocks(kva_cache *c, const kva__seq *s, const int32_t *tokens, int n_full,
+                                       uint64_t salt) {
+  int i;
   int32_t parent = -1;
   uint64_t parent_gen = 0;
-  if (!c || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
-  s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
-  if (n_tokens > s->len) return KVA_ERR_ARG;
-  if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* evicted tokens: blocks no longer match token ids */
-  if (n_tokens == 0) return KVA_OK;
-  n_full = n_tokens / c->bs;
-  { /* a block is published only when every layer holds all its tokens */
-    int unstored = kva__step_unstored(c, s);
-    if (s->unstored_from < unstored) unstored = s->unstored_from;
-    if ((long)n_full * c->bs > (long)unstored) return KVA_ERR_NOT_STORED;
-  }
-  kva__step_begin(c, s, 0); /* its blocks may be shared from now on */
   for (i = 0; i < n_full; i++) {
     const int32_t *tok = tokens + (size_t)i * (size_t)c->bs;
     int32_t b = s->table[i], have = kva__prefix_find(c, parent, parent_gen, salt, tok);
@@ -3368,8 +3478,27 @@ KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens,
     parent = have; /* the canonical block of this key carries the chain on */
     parent_gen = c->blk[have].pub_gen;
   }
+}
+
+/* Make the full blocks holding the first n_tokens tokens reusable under
+   (salt, tokens). A block keeps the first key it was published under. */
+KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens, int n_tokens, uint64_t salt) {
+  kva__seq *s;
+  int n_full;
+  if (!c || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  if (n_tokens > s->len) return KVA_ERR_ARG;
+  if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* evicted tokens: blocks no longer match token ids */
+  if (n_tokens == 0) return KVA_OK;
+  n_full = n_tokens / c->bs;
+  if ((long)n_full * c->bs > (long)kva__first_unstored(c, s)) /* published blocks hold every layer's tokens */
+    return KVA_ERR_NOT_STORED;
+  kva__step_begin(c, s, 0); /* its blocks may be shared from now on */
+  kva__publish_blocks(c, s, tokens, n_full, salt);
   return KVA_OK;
 }
+
 
 /* A new sequence holding the longest run of published full blocks that
    match (salt, tokens), at most n_tokens - 1 tokens. */
@@ -3406,6 +3535,344 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
   if (!c) return KVA_ERR_ARG;
   for (b = 0; b < c->n_blocks; b++)
     if (c->blk[b].published) kva__unpublish(c, b);
+  return KVA_OK;
+}
+
+/* --- sequence streams (kva_seq_export / kva_seq_import) ---
+   A sequence's whole state as bytes, in the writer's byte order:
+     header   magic "kvattnSQ", u32 version (1), u32 byte-order mark
+              0x01020304, u64 stream size; u32 kind, n_layers, n_kv_heads,
+              head_dim, v_dim, block_size (the writer's), flags (1: positions,
+              2: H2O scores follow the rows); i32 len, pos, the step's token
+              count, first unstored slot (-1: none); the active and the next
+              eviction policy (5 x i32 each: kind, budget, n_sink, n_recent,
+              rollback); i32 prefix tokens, u32 0, u64 prefix salt
+     layers   per layer: u32 K and V dtype, i32 the step's stored range
+              [from, to), f32 FP8 scales of K, then of V, per KV head
+     prefix   i32 token ids of the leading blocks the prefix cache knows
+     rows     per layer and KV head: len K rows as stored (INT8: scale and
+              codes), len V rows (KV caches), then len i32 positions and
+              len f32 scores if flagged
+     u64      checksum of every byte before it (kva__stream_checksum)
+   Rows are per token, so the reader's block size may differ. */
+#define KVA__STREAM_MAGIC "kvattnSQ"
+#define KVA__STREAM_VERSION 1u
+#define KVA__STREAM_ORDER 0x01020304u
+#define KVA__STREAM_POS 1u
+#define KVA__STREAM_SCORES 2u
+#define KVA__STREAM_HEADER 128 /* bytes before the layers */
+
+/* 64-bit checksum: four lanes of 8-byte words, each step a bijection of the
+   lane, so any one changed word always changes the result. */
+static inline uint64_t kva__stream_mix(uint64_t h, uint64_t w) {
+  h = (h ^ w) * 0xff51afd7ed558ccdull;
+  return h ^ (h >> 31);
+}
+static inline uint64_t kva__stream_checksum(const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  uint64_t lane[4] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull, 0x2545f4914f6cdd1dull};
+  uint64_t w, h = (uint64_t)n * 0xc4ceb9fe1a85ec53ull;
+  size_t i = 0;
+  int k;
+  for (; i + 32 <= n; i += 32)
+    for (k = 0; k < 4; k++) {
+      memcpy(&w, b + i + 8 * (size_t)k, 8);
+      lane[k] = kva__stream_mix(lane[k], w);
+    }
+  for (k = 0; i < n; i += 8, k = (k + 1) & 3) {
+    w = 0;
+    memcpy(&w, b + i, n - i < 8 ? n - i : 8);
+    lane[k] = kva__stream_mix(lane[k], w);
+  }
+  for (k = 0; k < 4; k++) h = kva__stream_mix(h, lane[k]);
+  return h;
+}
+
+/* Leading blocks of s that the prefix cache knows as one chain under one
+   salt, fully stored and before the step. */
+static inline int kva__seq_prefix_blocks(const kva_cache *c, const kva__seq *s) {
+  int i, limit = s->len - s->last_append, unstored = kva__first_unstored(c, s);
+  if (unstored < limit) limit = unstored;
+  if (s->pos != s->len) return 0;
+  for (i = 0; i < s->n_blocks && (long)(i + 1) * c->bs <= limit; i++) {
+    const kva__block *k = &c->blk[s->table[i]];
+    if (!k->published || k->salt != c->blk[s->table[0]].salt) break;
+    if (i == 0 ? k->parent != -1 : k->parent != s->table[i - 1] || k->parent_gen != c->blk[s->table[i - 1]].pub_gen)
+      break;
+  }
+  return i;
+}
+
+/* Bytes of a stream of len tokens with these sections; SIZE_MAX on overflow. */
+static inline size_t kva__stream_size(const kva_cache *c, int len, unsigned flags, int n_prefix) {
+  size_t per_token = 0, layers = 0, n = (size_t)len, total;
+  int l;
+  for (l = 0; l < c->n_layers; l++) {
+    per_token += (size_t)c->G * (c->k_row[l] + (c->kind == KVA_CACHE_KV ? c->v_row[l] : 0));
+    layers += 16 + 8 * (size_t)c->G;
+  }
+  if (flags & KVA__STREAM_POS) per_token += (size_t)c->n_layers * (size_t)c->G * 4;
+  if (flags & KVA__STREAM_SCORES) per_token += (size_t)c->n_layers * (size_t)c->G * 4;
+  if (n && per_token > ((size_t)-1 - 1024 - layers - 4 * (size_t)n_prefix) / n) return (size_t)-1;
+  total = KVA__STREAM_HEADER + layers + 4 * (size_t)n_prefix + per_token * n + 8;
+  return total;
+}
+
+/* A stream's per-slot fields, in their order per layer and KV head. */
+enum { KVA__FIELD_K, KVA__FIELD_V, KVA__FIELD_POS, KVA__FIELD_SCORE };
+static inline int kva__stream_has(const kva_cache *c, unsigned flags, int field) {
+  return field == KVA__FIELD_K || (field == KVA__FIELD_V && c->kind == KVA_CACHE_KV) ||
+         (field == KVA__FIELD_POS && (flags & KVA__STREAM_POS)) ||
+         (field == KVA__FIELD_SCORE && (flags & KVA__STREAM_SCORES));
+}
+static inline unsigned char *kva__field_ptr(const kva_cache *c, int field, int l, int32_t b, int g, int slot) {
+  switch (field) {
+    case KVA__FIELD_K: return kva__k_ptr(c, l, b, g, slot);
+    case KVA__FIELD_V: return kva__v_ptr(c, l, b, g, slot);
+    case KVA__FIELD_POS: return (unsigned char *)kva__pos_ptr(c, l, b, g, slot);
+    default: return (unsigned char *)kva__score_ptr(c, l, b, g, slot);
+  }
+}
+
+static inline size_t kva__field_bytes(const kva_cache *c, int field, int l) {
+  return field == KVA__FIELD_K ? c->k_row[l] : field == KVA__FIELD_V ? c->v_row[l] : 4;
+}
+
+/* One field of head (l, g) over slots [0, len) of a block table, from the
+   blocks to the stream at `to`, or (to NULL) from the stream at `from` into
+   the blocks; returns the stream bytes. A head's slots are contiguous
+   inside a block. */
+static inline size_t kva__stream_field(const kva_cache *c, const int32_t *table, int len, int field, int l, int g,
+                                       unsigned char *to, const unsigned char *from) {
+  size_t bytes = kva__field_bytes(c, field, l), done = 0;
+  int slot, n;
+  for (slot = 0; slot < len; slot += n) {
+    unsigned char *at = kva__field_ptr(c, field, l, table[slot / c->bs], g, slot % c->bs);
+    n = c->bs - slot % c->bs < len - slot ? c->bs - slot % c->bs : len - slot;
+    if (to) memcpy(to + done, at, (size_t)n * bytes);
+    else memcpy(at, from + done, (size_t)n * bytes);
+    done += (size_t)n * bytes;
+  }
+  return done;
+}
+
+static inline unsigned char *kva__put(unsigned char *p, const void *src, size_t n) {
+  memcpy(p, src, n);
+  return p + n;
+}
+static inline unsigned char *kva__put_i32(unsigned char *p, int32_t x) { return kva__put(p, &x, 4); }
+
+KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, size_t *size) {
+  const kva__seq *s;
+  unsigned flags;
+  int l, g, i, n_prefix, unstored;
+  size_t need;
+  unsigned char *p;
+  uint32_t u32;
+  uint64_t u64;
+  if (!c || !size) return KVA_ERR_ARG;
+  s = kva__seq_get(c, seq);
+  if (!s) return KVA_ERR_SEQ;
+  flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u);
+  n_prefix = kva__seq_prefix_blocks(c, s) * c->bs;
+  need = kva__stream_size(c, s->len, flags, n_prefix);
+  if (need == (size_t)-1) return KVA_ERR_NOMEM;
+  *size = need;
+  if (!buf) return KVA_OK;
+  if (cap < need) return KVA_ERR_ARG;
+  p = (unsigned char *)buf;
+  p = kva__put(p, KVA__STREAM_MAGIC, 8);
+  u32 = KVA__STREAM_VERSION, p = kva__put(p, &u32, 4);
+  u32 = KVA__STREAM_ORDER, p = kva__put(p, &u32, 4);
+  u64 = (uint64_t)need, p = kva__put(p, &u64, 8);
+  p = kva__put_i32(p, (int32_t)c->kind);
+  p = kva__put_i32(p, c->n_layers);
+  p = kva__put_i32(p, c->G);
+  p = kva__put_i32(p, c->D);
+  p = kva__put_i32(p, c->DV);
+  p = kva__put_i32(p, c->bs);
+  p = kva__put_i32(p, (int32_t)flags);
+  p = kva__put_i32(p, s->len);
+  p = kva__put_i32(p, s->pos);
+  p = kva__put_i32(p, s->last_append);
+  unstored = s->unstored_from;
+  p = kva__put_i32(p, unstored == INT_MAX ? -1 : unstored);
+  for (i = 0; i < 2; i++) {
+    const kva_evict *e = i == 0 ? &s->evict : &s->evict_next;
+    p = kva__put_i32(p, e->kind);
+    p = kva__put_i32(p, e->budget);
+    p = kva__put_i32(p, e->n_sink);
+    p = kva__put_i32(p, e->n_recent);
+    p = kva__put_i32(p, e->rollback);
+  }
+  p = kva__put_i32(p, n_prefix);
+  p = kva__put_i32(p, 0);
+  u64 = n_prefix ? c->blk[s->table[0]].salt : 0, p = kva__put(p, &u64, 8);
+  memset(p, 0, (size_t)((unsigned char *)buf + KVA__STREAM_HEADER - p)); /* reserved */
+  p = (unsigned char *)buf + KVA__STREAM_HEADER;
+  for (l = 0; l < c->n_layers; l++) {
+    p = kva__put_i32(p, (int32_t)c->kt[l]);
+    p = kva__put_i32(p, (int32_t)c->vt[l]);
+    p = kva__put_i32(p, s->stored[2 * l]);
+    p = kva__put_i32(p, s->stored[2 * l + 1]);
+    p = kva__put(p, c->k_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G);
+    p = kva__put(p, c->v_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G);
+  }
+  for (i = 0; i < n_prefix / c->bs; i++)
+    p = kva__put(p, c->blk_tokens + (size_t)s->table[i] * (size_t)c->bs, (size_t)c->bs * 4);
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++)
+      for (i = KVA__FIELD_K; i <= KVA__FIELD_SCORE; i++)
+        if (kva__stream_has(c, flags, i)) p += kva__stream_field(c, s->table, s->len, i, l, g, p, NULL);
+  u64 = kva__stream_checksum(buf, need - 8);
+  p = kva__put(p, &u64, 8);
+  KVATTN_ASSERT(p == (unsigned char *)buf + need);
+  return KVA_OK;
+}
+
+static inline int32_t kva__get_i32(const unsigned char *p) {
+  int32_t x;
+  memcpy(&x, p, 4);
+  return x;
+}
+
+/* The stream's checks that need its data: positions in range and in order
+   where the cache relies on it (no eviction: the slot; the step's tokens:
+   the newest positions), scores finite and >= 0. */
+static inline int kva__stream_rows_ok(const kva_cache *c, const unsigned char *p, int len, int pos, int step,
+                                      unsigned flags) {
+  int l, g, i, f;
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++)
+      for (f = KVA__FIELD_K; f <= KVA__FIELD_SCORE; f++) {
+        if (!kva__stream_has(c, flags, f)) continue;
+        if (f == KVA__FIELD_POS)
+          for (i = 0; i < len; i++) {
+            int32_t q = kva__get_i32(p + 4 * (size_t)i);
+            if (q < 0 || q >= pos) return 0;
+            if ((pos == len || i >= len - step) && q != pos - len + i) return 0;
+          }
+        if (f == KVA__FIELD_SCORE)
+          for (i = 0; i < len; i++) {
+            float x;
+            memcpy(&x, p + 4 * (size_t)i, 4);
+            if (!(x >= 0.0f && x <= FLT_MAX)) return 0;
+          }
+        p += (size_t)len * kva__field_bytes(c, f, l);
+      }
+  return 1;
+}
+
+/* A new sequence from a kva_seq_export stream. Everything is checked
+   before anything changes. */
+KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, int *seq) {
+  const unsigned char *in = (const unsigned char *)buf, *lay, *rows;
+  uint32_t u32;
+  uint64_t u64;
+  int32_t h[26];
+  kva_evict ev[2];
+  unsigned flags;
+  int i, l, g, len, pos, step, unstored, n_prefix, first_unstored, id;
+  size_t layer_bytes;
+  kva__seq *s;
+  if (!c || !buf || !seq) return KVA_ERR_ARG;
+  if (size < KVA__STREAM_HEADER + 8 || memcmp(in, KVA__STREAM_MAGIC, 8) != 0) return KVA_ERR_STREAM;
+  memcpy(&u64, in + 16, 8);
+  if (u64 != (uint64_t)size) return KVA_ERR_STREAM;
+  memcpy(&u32, in + 12, 4);
+  if (u32 == 0x04030201u) return KVA_ERR_UNSUPPORTED; /* the other byte order */
+  if (u32 != KVA__STREAM_ORDER) return KVA_ERR_STREAM;
+  memcpy(&u64, in + size - 8, 8);
+  if (u64 != kva__stream_checksum(in, size - 8)) return KVA_ERR_STREAM;
+  memcpy(&u32, in + 8, 4);
+  if (u32 != KVA__STREAM_VERSION) return KVA_ERR_UNSUPPORTED;
+  for (i = 0; i < 26; i++) h[i] = kva__get_i32(in + 24 + 4 * (size_t)i);
+  /* h: kind n_layers G D DV bs flags | len pos step unstored | 2 x 5 policy | n_prefix 0 | salt (2 words) | 0 */
+  for (i = 24 + 26 * 4; i < KVA__STREAM_HEADER; i++) /* reserved */
+    if (in[i]) return KVA_ERR_STREAM;
+  if (h[0] != (int32_t)c->kind || h[1] != c->n_layers || h[2] != c->G || h[3] != c->D || h[4] != c->DV)
+    return KVA_ERR_UNSUPPORTED; /* another cache shape */
+  flags = (unsigned)h[6];
+  len = h[7], pos = h[8], step = h[9], unstored = h[10];
+  if (h[5] <= 0 || h[6] < 0 || h[6] > 3 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
+      h[22] != 0 || h[25] != 0)
+    return KVA_ERR_STREAM;
+  for (i = 0; i < 2; i++) {
+    kva_evict *e = &ev[i];
+    e->kind = h[11 + 5 * i], e->budget = h[12 + 5 * i], e->n_sink = h[13 + 5 * i];
+    e->n_recent = h[14 + 5 * i], e->rollback = h[15 + 5 * i];
+    if (kva__evict_check(e) != KVA_OK || (e->kind == KVA_EVICT_NONE && (e->budget || e->n_sink || e->n_recent ||
+                                                                        e->rollback)))
+      return KVA_ERR_STREAM;
+  }
+  /* the layers: types and scales must be this cache's */
+  layer_bytes = (size_t)c->n_layers * (16 + 8 * (size_t)c->G);
+  if (size - KVA__STREAM_HEADER - 8 < layer_bytes) return KVA_ERR_STREAM;
+  lay = in + KVA__STREAM_HEADER;
+  first_unstored = unstored < 0 ? INT_MAX : unstored;
+  for (l = 0; l < c->n_layers; l++) {
+    const unsigned char *L = lay + (size_t)l * (16 + 8 * (size_t)c->G);
+    int32_t from = kva__get_i32(L + 8), to = kva__get_i32(L + 12), left;
+    if (kva__get_i32(L) != (int32_t)c->kt[l] || kva__get_i32(L + 4) != (int32_t)c->vt[l] ||
+        memcmp(L + 16, c->k_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G) != 0 ||
+        memcmp(L + 16 + 4 * (size_t)c->G, c->v_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G) != 0)
+      return KVA_ERR_UNSUPPORTED; /* another storage type or FP8 scale */
+    if (from < 0 || to < from || to > step) return KVA_ERR_STREAM;
+    left = from > 0 ? 0 : to; /* as kva__step_unstored */
+    if (left < step && len - step + left < first_unstored) first_unstored = len - step + left;
+  }
+  n_prefix = h[21];
+  if (n_prefix < 0 || n_prefix > len || n_prefix % h[5] != 0 ||
+      (n_prefix > 0 && (pos != len || n_prefix > len - step || n_prefix > first_unstored)))
+    return KVA_ERR_STREAM;
+  if (kva__stream_size(c, len, flags, n_prefix) != size) return KVA_ERR_STREAM;
+  if (pos != len && !(flags & KVA__STREAM_POS)) return KVA_ERR_STREAM; /* evicted without positions */
+  rows = lay + layer_bytes + 4 * (size_t)n_prefix;
+  if (!kva__stream_rows_ok(c, rows, len, pos, step, flags)) return KVA_ERR_STREAM;
+  /* what this cache must keep for it */
+  for (i = 0; i < 2; i++)
+    if ((ev[i].kind == KVA_EVICT_H2O && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
+        (ev[i].kind == KVA_EVICT_WINDOW && c->evict_support == KVA_EVICT_SUPPORT_NONE))
+      return KVA_ERR_UNSUPPORTED;
+  if (pos != len && !c->block_pos) return KVA_ERR_UNSUPPORTED; /* evicted: positions are not the slots */
+  if (kva__blocks_for(c, len) > c->max_table || kva__blocks_for(c, len) > c->n_free + c->n_cached)
+    return KVA_ERR_FULL;
+  s = kva__seq_alloc(c, &id);
+  if (!s) return KVA_ERR_SEQ_LIMIT;
+
+  /* commit */
+  while (s->n_blocks < kva__blocks_for(c, len)) s->table[s->n_blocks++] = kva__block_take(c);
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++) {
+      int f;
+      for (f = KVA__FIELD_K; f <= KVA__FIELD_SCORE; f++) {
+        if (kva__stream_has(c, flags, f)) { /* the stream has it; the cache may not keep it */
+          int keeps = f <= KVA__FIELD_V || (f == KVA__FIELD_POS ? c->block_pos != NULL : c->block_score != NULL);
+          rows += keeps ? kva__stream_field(c, s->table, len, f, l, g, NULL, rows) : (size_t)len * 4;
+        } else if (f == KVA__FIELD_POS && c->block_pos) {
+          for (i = 0; i < len; i++) *kva__pos_ptr(c, l, s->table[i / c->bs], g, i % c->bs) = i;
+        } else if (f == KVA__FIELD_SCORE && c->block_score) {
+          for (i = 0; i < len; i++) *kva__score_ptr(c, l, s->table[i / c->bs], g, i % c->bs) = 0.0f;
+        }
+      }
+    }
+  s->len = len;
+  s->pos = pos;
+  s->last_append = step;
+  s->unstored_from = unstored < 0 ? INT_MAX : unstored;
+  s->evict = ev[0];
+  s->evict_next = ev[1];
+  for (l = 0; l < c->n_layers; l++) {
+    const unsigned char *L = lay + (size_t)l * (16 + 8 * (size_t)c->G);
+    s->stored[2 * l] = kva__get_i32(L + 8);
+    s->stored[2 * l + 1] = kva__get_i32(L + 12);
+  }
+  if (n_prefix >= c->bs) { /* its prefix-cache blocks: known here too from now on */
+    memcpy(&u64, in + 24 + 23 * 4, 8); /* the salt */
+    memcpy(c->victims, lay + layer_bytes, 4 * (size_t)n_prefix); /* aligned token ids */
+    kva__publish_blocks(c, s, c->victims, n_prefix / c->bs, u64);
+  }
+  *seq = id;
   return KVA_OK;
 }
 
@@ -3524,8 +3991,12 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   if (!s) return KVA_ERR_SEQ;
   if (n_q == 0) return KVA_OK;
   if (n_q > s->last_append) return KVA_ERR_ARG;
+  if (a->tree_parent && kva__tree_check(a->tree_parent, n_q) != KVA_OK) return KVA_ERR_ARG;
   if (!kva__step_stored(s, layer)) return KVA_ERR_NOT_STORED;
   kva__cache_view(c, s, layer, &w);
+  w.tree_parent = a->tree_parent;
+  w.tree_base = (int32_t)(s->pos - n_q);
+  w.tree_n = n_q;
   {
     float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
     kva__heap from_cache;
@@ -3568,6 +4039,7 @@ struct kva_batch {
   const float *q;                  /* the prepared layer's rows */
   float *out, *lse;
   int *seq_id, *n_q, *len, *pos, *evict_kind, *q_row; /* per sequence; q_row: first query row in q / out */
+  int32_t *tree_parent;            /* NULL, or [sum n_q]: each sequence's tree (kva_attn.tree_parent) */
   int *merge_unit;                 /* per merged item: its first unit (its parts follow) */
   int *merge_splits;
   kva__unit *units;
@@ -3621,7 +4093,7 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
 /* A plan's one block: the struct, then its per-sequence, per-unit and
    per-merge arrays and the split-K partials. */
 static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, int n_units, int n_merges,
-                                     size_t part_floats) {
+                                     size_t part_floats, size_t tree_nodes) {
   size_t seqs = (size_t)n_seqs, merges = (size_t)n_merges;
   kva__carve(L, 1, sizeof(kva_batch));
   b->views = (kva__kv_view *)kva__carve(L, seqs, sizeof(kva__kv_view));
@@ -3635,6 +4107,7 @@ static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, i
   b->merge_unit = (int *)kva__carve(L, merges, sizeof(int));
   b->merge_splits = (int *)kva__carve(L, merges, sizeof(int));
   b->parts = (float *)kva__carve(L, part_floats, sizeof(float));
+  b->tree_parent = tree_nodes ? (int32_t *)kva__carve(L, tree_nodes, sizeof(int32_t)) : NULL;
 }
 
 /* A plan for the step, built in `old`'s block when it is large enough (old
@@ -3656,6 +4129,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     if (!s) return KVA_ERR_SEQ;
     if (n_q[i] < 0 || n_q[i] > s->last_append) return KVA_ERR_ARG;
     if ((int64_t)rows_total + n_q[i] > INT_MAX / P.H) return KVA_ERR_ARG;
+    if (a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK) return KVA_ERR_ARG;
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
@@ -3665,7 +4139,8 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     kva__plan_seq(NULL, &P, kva__seq_get(c, seqs[i]), i, n_q[i], items_total, &n_units, &n_parts, &n_merges);
   part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
   L.base = NULL, L.size = 0, L.overflow = 0;
-  kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part);
+  kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part,
+                    a->tree_parent ? (size_t)rows_total : 0);
   if (L.overflow) return KVA_ERR_NOMEM;
   if (old && L.size <= old->bytes) { /* rebuild in place: the block keeps its size and owner */
     block = *old;
@@ -3681,7 +4156,10 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   b = (kva_batch *)mem;
   memset(b, 0, sizeof *b);
   L.base = mem, L.size = 0;
-  kva__batch_layout(&L, b, n_seqs, n_units, n_merges, (size_t)n_parts * part);
+  kva__batch_layout(&L, b, n_seqs, n_units, n_merges, (size_t)n_parts * part,
+                    a->tree_parent ? (size_t)rows_total : 0);
+  if (a->tree_parent && rows_total > 0) /* the plan keeps its own copy: the caller's may change */
+    memcpy(b->tree_parent, a->tree_parent, (size_t)rows_total * sizeof(int32_t));
   b->bytes = block.bytes;
   b->free_fn = block.free_fn;
   b->user = block.user;
@@ -3750,6 +4228,9 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   for (i = 0; i < b->n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
     kva__cache_view(c, s, layer, &b->views[i]);
+    b->views[i].tree_parent = b->tree_parent ? b->tree_parent + b->q_row[i] : NULL;
+    b->views[i].tree_base = (int32_t)(b->pos[i] - b->n_q[i]);
+    b->views[i].tree_n = b->n_q[i];
   }
   b->layer = layer;
   b->q = q, b->out = out, b->lse = lse;
@@ -3922,6 +4403,7 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   if (!s) return KVA_ERR_SEQ;
   if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
+  if (L->attn.tree_parent && kva__tree_check(L->attn.tree_parent, n_tokens) != KVA_OK) return KVA_ERR_ARG;
   if (!kva__store_completes(s, layer, n_tokens)) return KVA_ERR_NOT_STORED;
 
   nq = (size_t)n_tokens * (size_t)P.H * (size_t)P.D;
@@ -3937,7 +4419,8 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   kva__linear(x, n_tokens, L->d_model, L->wq, L->bq, P.H * P.D, q, nt);
   kva__linear(x, n_tokens, L->d_model, L->wk, L->bk, P.G * P.D, k, nt);
   kva__linear(x, n_tokens, L->d_model, L->wv, L->bv, P.G * P.D, v, nt);
-  for (t = 0; t < n_tokens; t++) pos[t] = (int32_t)(s->pos - n_tokens + t);
+  for (t = 0; t < n_tokens; t++) /* a tree's node sits at the first new position + its depth */
+    pos[t] = (int32_t)(s->pos - n_tokens) + (L->attn.tree_parent ? kva__tree_depth(L->attn.tree_parent, t) : t);
   kva_rope_apply(&L->rope, q, n_tokens, P.H, P.D, pos);
   kva_rope_apply(&L->rope, k, n_tokens, P.G, P.D, pos);
   st = kva_store(c, seq, layer, k, v, n_tokens);

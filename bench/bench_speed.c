@@ -346,7 +346,8 @@ static void run_sweep(const opts *o, const machine *m) {
   rows_free(&t);
 }
 
-/* ---- the parts of speed (run in this order: decode, prefill, contig, threads, batch, sweep) ---- */
+/* ---- the parts of speed (run in this order: decode, prefill, contig, threads, batch, tree, sweep;
+   threads and batch are in bench_speed_threads.c, tree in bench_seq.c) ---- */
 
 void speed_decode(const opts *o, const machine *m) {
   rows t = {0};

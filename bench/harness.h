@@ -16,6 +16,8 @@
      bench_paged.c            paged: decode against block size and layout
      bench_paged_alloc.c      paged: request trace, prefix caching, block operations
      bench_mla.c              mla: absorbed against naive MLA decode
+     bench_seq.c              paged: sequence export / import against memcpy; speed: tree
+                              attention (16 drafts) against 16 decode steps, kva_seq_accept
    The Makefile compiles every .c file in bench/ into build/kvattn_bench (kvattn.h's functions are
    static inline: each file includes it through this header).
 
@@ -116,6 +118,7 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(PK90, "passkey_0_9") X(PKN, "passkey_cases") X(TOKS, "decode_tok_per_s") X(KVASHARE, "decode_kvattn_share") \
   X(KSCALE, "k_scale") X(VSCALE, "v_scale") X(METAPT, "bookkeeping_per_token")                              \
   X(METALEAN, "bookkeeping_per_token_lean")                                                                 \
+  X(STREAMBPT, "stream_bytes_per_token") X(STREAMOVER, "stream_over_cache_bytes")                           \
   X(SOURCE, "source") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,
@@ -263,6 +266,7 @@ typedef void (*part_fn)(const opts *o, const machine *m);
   X(CONTIG, "contig", "speed", speed_contig)            \
   X(THREADS, "threads", "speed", speed_threads)         \
   X(BATCH, "batch", "speed", speed_batch)               \
+  X(TREE, "tree", "speed", speed_tree)                  \
   X(SWEEP, "sweep", "speed", speed_sweep)               \
   X(DTYPES, "dtypes", "quality", quality_dtypes)        \
   X(EVICT, "evict", "quality", quality_evict)           \
@@ -272,7 +276,8 @@ typedef void (*part_fn)(const opts *o, const machine *m);
   X(ATTN, "attn", "paged", paged_attn)                  \
   X(TRACE, "trace", "paged", paged_trace)               \
   X(PREFIX, "prefix", "paged", paged_prefix)            \
-  X(OPS, "ops", "paged", paged_ops)
+  X(OPS, "ops", "paged", paged_ops)                     \
+  X(EXPORT, "export", "paged", paged_export)
 
 #define X_PART_BIT(id, name, cmd, fn) PART_BIT_##id,
 #define X_PART_MASK(id, name, cmd, fn) PART_##id = 1u << PART_BIT_##id,

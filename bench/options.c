@@ -34,7 +34,10 @@ static void usage(void) {
       "              128 heads), GQA at 4096 and 32768 tokens (--quick: 4096; or --ctx), with a memcmp\n"
       "              of the outputs (part threads); continuous-batching decode: kva_attend_batch against\n"
       "              a loop of kva_attend_cache, GQA over --batch-seqs sequences and MQA over 2 long ones,\n"
-      "              1 and 2 threads, plan time, outputs compared (part batch)\n"
+      "              1 and 2 threads, plan time, outputs compared (part batch); verifying 16 draft\n"
+      "              tokens: one tree-attention call (kva_attn.tree_parent: a chain, a binary tree, 2\n"
+      "              chains of 8) against 16 single-token decode steps over the same prefix (--ctx), GQA\n"
+      "              f16, 1 thread, and kva_seq_accept of a path of 8 (part tree)\n"
       "  quality     decode output error of F16, BF16, INT8 and FP8 (E4M3, E5M2) storage against F32\n"
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
@@ -58,7 +61,10 @@ static void usage(void) {
       "              a 1.05 target (part attn); memory waste of a request trace under continuous\n"
       "              batching, paged vs reserving max_len vs reserving the true length (part trace);\n"
       "              a shared system prompt across two salted tenants with and without prefix caching\n"
-      "              (part prefix); block operations per second (part ops)\n"
+      "              (part prefix); block operations per second (part ops); kva_seq_export and\n"
+      "              kva_seq_import of one sequence of the largest --ctx tokens (GQA, 2 layers; f16 and\n"
+      "              int8, or --dtypes) in GB/s against a memcpy of the stream, the import checked to\n"
+      "              continue bit-identically (part export)\n"
       "  plot-data   CSV for bench/plot.gp: memory against context and decode time against context\n"
       "              (1K..32K tokens; --sweep: 1K..128K, f16, cold and warm); with --out DIR writes\n"
       "              DIR/bench.csv and draws DIR/*.png if gnuplot is installed. `make plot\n"
@@ -377,7 +383,8 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
   }
   if (o->sweep) /* speed --sweep: the sweep alone, unless --parts names more */
     o->parts = o->parts_set ? o->parts | PART_SWEEP
-                            : (o->parts & ~(unsigned)(PART_DECODE | PART_PREFILL | PART_CONTIG | PART_THREADS | PART_BATCH)) |
+                            : (o->parts & ~(unsigned)(PART_DECODE | PART_PREFILL | PART_CONTIG | PART_THREADS | PART_BATCH |
+                                                      PART_TREE)) |
                                   PART_SWEEP;
   return 0;
 }

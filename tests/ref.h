@@ -11,6 +11,9 @@
  *    h / (H/G), default scale 1/sqrt(D), softcap after scaling and before the
  *    mask, window/sink visibility, lse = natural log of the sum of exp(score),
  *    a query that sees nothing gives zeros and lse = -inf.
+ *  - attention under an explicit mask with explicit (effective) positions,
+ *    per KV head if need be (tree attention: the tests build the mask and
+ *    the positions from a parent array).
  *  - RoPE (rotate-half and interleaved, partial dim, theta or an inv_freq
  *    table), angles in double.
  *  - linear layers (W is [out][in], y = x W^T + b, b may be NULL).
@@ -198,6 +201,73 @@ static inline void ref_attend(const ref_attn_cfg *c, const double *q, int n_q,
   }
   free(s);
   free(vis);
+}
+
+/* Attention under an explicit mask and explicit positions (tree attention:
+   docs/API.md, kva_attn.tree_parent).  The caller resolves everything
+   structural: qpos[i] is query i's (effective) position, kpos its keys'
+   (effective) positions, and mask[i][j] != 0 lets query i consider key j at
+   all (NULL: every key).  On top of the mask the usual rules apply with those
+   positions: causal unless non_causal, the window (both ways when
+   non_causal), sinks by kpos < n_sink; scores are scaled, soft-capped, then
+   ALiBi subtracts slope_h * |qpos[i] - kpos[j]|.
+   q [n_q][H][D], k [n_kv][G][D], v [n_kv][G][Dv], out [n_q][H][Dv], lse NULL
+   or [n_q][H].  kpos is [n_kv] for every KV head when kpos_head_stride is 0,
+   else KV head g's positions are kpos[g * kpos_head_stride + j] (eviction
+   keeps different tokens per head).  A query that sees nothing gets zeros
+   and lse = -inf. */
+static inline void ref_attend_masked_heads(const ref_attn_cfg *c, const double *q, int n_q, const double *k,
+                                           const double *v, int n_kv, const int32_t *qpos, const int32_t *kpos,
+                                           size_t kpos_head_stride, const unsigned char *mask, double *out,
+                                           double *lse) {
+  int i, h, j, d, grp = c->H / c->G;
+  double *sc = (double *)malloc(sizeof(double) * (size_t)(n_kv > 0 ? n_kv : 1));
+  char *ok = (char *)malloc((size_t)(n_kv > 0 ? n_kv : 1));
+  if (!sc || !ok) abort();
+  for (i = 0; i < n_q; i++) {
+    for (h = 0; h < c->H; h++) {
+      int g = h / grp, seen = 0;
+      const int32_t *kp = kpos + (size_t)g * kpos_head_stride;
+      const double *qh = q + ((size_t)i * c->H + h) * c->D;
+      double *o = out + ((size_t)i * c->H + h) * c->Dv, best = -INFINITY, total = 0.0;
+      double slope = ref_alibi_slope(c, h);
+      for (d = 0; d < c->Dv; d++) o[d] = 0.0;
+      for (j = 0; j < n_kv; j++) {
+        const double *kj = k + ((size_t)j * c->G + g) * c->D;
+        double x = 0.0;
+        ok[j] = (char)((!mask || mask[(size_t)i * n_kv + j]) && ref_visible(c, qpos[i], kp[j]));
+        if (!ok[j]) continue;
+        for (d = 0; d < c->D; d++) x += qh[d] * kj[d];
+        x *= c->scale;
+        if (c->softcap > 0.0) x = c->softcap * tanh(x / c->softcap);
+        x -= slope * fabs((double)qpos[i] - (double)kp[j]);
+        sc[j] = x;
+        if (x > best) best = x;
+        seen = 1;
+      }
+      if (!seen) {
+        if (lse) lse[(size_t)i * c->H + h] = -INFINITY;
+        continue;
+      }
+      for (j = 0; j < n_kv; j++)
+        if (ok[j]) total += sc[j] = exp(sc[j] - best);
+      for (j = 0; j < n_kv; j++) {
+        const double *vj = v + ((size_t)j * c->G + g) * c->Dv;
+        if (!ok[j]) continue;
+        for (d = 0; d < c->Dv; d++) o[d] += sc[j] / total * vj[d];
+      }
+      if (lse) lse[(size_t)i * c->H + h] = best + log(total);
+    }
+  }
+  free(sc);
+  free(ok);
+}
+
+/* The same with one kpos [n_kv] for every KV head. */
+static inline void ref_attend_masked(const ref_attn_cfg *c, const double *q, int n_q, const double *k,
+                                     const double *v, int n_kv, const int32_t *qpos, const int32_t *kpos,
+                                     const unsigned char *mask, double *out, double *lse) {
+  ref_attend_masked_heads(c, q, n_q, k, v, n_kv, qpos, kpos, 0, mask, out, lse);
 }
 
 /* ------------------------------------------------------------------------ */

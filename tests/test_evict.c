@@ -829,7 +829,37 @@ static void test_rollback(void) {
   }
 }
 
+/* A sequence record is reused after kva_seq_free: the new id starts with no
+   policy, whatever the freed one had (active or set for its next append). */
+static void test_policy_not_inherited(void) {
+  kva_cache_desc d;
+  kva_cache *c = NULL;
+  kva_evict e;
+  int a = -1, b = -1, k;
+  kt_begin("evict: a new sequence does not inherit a freed one's policy");
+  memset(&d, 0, sizeof d);
+  d.n_layers = 1, d.n_kv_heads = 1, d.head_dim = 4, d.block_size = 4, d.n_blocks = 32, d.max_seqs = 1;
+  if (kva_cache_create(&d, &c) != KVA_OK) {
+    KT_CHECK(0, "cache");
+    return;
+  }
+  for (k = 0; k < 2; k++) { /* k 0: the policy was active; k 1: only set for the next append */
+    memset(&e, 0, sizeof e);
+    e.kind = KVA_EVICT_WINDOW, e.budget = 4;
+    KT_CHECK(kva_seq_new(c, &a) == KVA_OK, "seq");
+    KT_CHECK(kva_seq_set_evict(c, a, &e) == KVA_OK, "set_evict");
+    if (k == 0) KT_CHECK(kva_seq_append(c, a, 2) == KVA_OK, "append");
+    KT_CHECK(kva_seq_free(c, a) == KVA_OK, "free");
+    KT_CHECK(kva_seq_new(c, &b) == KVA_OK, "seq again");
+    KT_CHECK(kva_seq_append(c, b, 8) == KVA_OK && kva_seq_append(c, b, 8) == KVA_OK, "append");
+    KT_CHECK(kva_seq_len(c, b) == 16, "case %d: %d tokens held, want 16 (no eviction)", k, kva_seq_len(c, b));
+    KT_CHECK(kva_seq_free(c, b) == KVA_OK, "free");
+  }
+  kva_cache_destroy(c);
+}
+
 void test_evict(void) {
+  test_policy_not_inherited();
   test_rollback();
   test_window_lossless(1, 0);
   test_window_lossless(1, 20);

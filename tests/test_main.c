@@ -25,7 +25,8 @@ const char *kt_test_name;
   X(paged) X(paged_weak) \
   X(gqa) X(quant)      \
   X(fp8bulk) X(batch)  \
-  X(kernels) X(strided)
+  X(kernels) X(strided) \
+  X(tree) X(seqio)
 
 #define KT_DECLARE(name) void test_##name(void);
 KT_SECTIONS(KT_DECLARE)
