@@ -113,7 +113,7 @@ $(BUILD)/examples/%: examples/%.c kvattn.h | $(BUILD)/examples
 # kvattn_run: the decoder is examples/llm.h; OpenMP threads its matrix products
 # when the compiler has it (it builds and runs without)
 EXAMPLE_OPENMP = $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
-$(BUILD)/examples/kvattn_run: examples/llm.h
+$(BUILD)/examples/kvattn_run $(BUILD)/examples/prefill_decode: examples/llm.h
 $(BUILD)/examples/kvattn_run: EXAMPLE_CFLAGS += $(EXAMPLE_OPENMP)
 
 # ---- fuzzing (libFuzzer; clang's runtime comes with libclang-rt-14-dev on Debian 12)
