@@ -1866,6 +1866,9 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
     if (kpos[j] < lo) lo = kpos[j];
     if (kpos[j] > hi) hi = kpos[j];
   }
+  /* a tree node's key sits at base + its depth, which may be any of base ..
+     its index: the tile's tests must not take its stored position as a bound */
+  if (w->tree_parent && hi >= w->tree_base && lo > w->tree_base) lo = w->tree_base;
   *kmin = lo;
   *kmax = hi;
 }
@@ -3777,11 +3780,11 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
   kva__seq *s;
   if (!c || !buf || !seq) return KVA_ERR_ARG;
   if (size < KVA__STREAM_HEADER + 8 || memcmp(in, KVA__STREAM_MAGIC, 8) != 0) return KVA_ERR_STREAM;
+  memcpy(&u32, in + 12, 4);
+  if (u32 == 0x04030201u) return KVA_ERR_UNSUPPORTED; /* the other byte order: nothing else reads right */
+  if (u32 != KVA__STREAM_ORDER) return KVA_ERR_STREAM;
   memcpy(&u64, in + 16, 8);
   if (u64 != (uint64_t)size) return KVA_ERR_STREAM;
-  memcpy(&u32, in + 12, 4);
-  if (u32 == 0x04030201u) return KVA_ERR_UNSUPPORTED; /* the other byte order */
-  if (u32 != KVA__STREAM_ORDER) return KVA_ERR_STREAM;
   memcpy(&u64, in + size - 8, 8);
   if (u64 != kva__stream_checksum(in, size - 8)) return KVA_ERR_STREAM;
   memcpy(&u32, in + 8, 4);
