@@ -253,6 +253,10 @@ typedef struct {
                                         drafts): query i's parent among them (< i), -1 for the cached
                                         prefix; i sees the prefix and its ancestors, at position
                                         base + depth(i) */
+  int chunk_size;                    /* 0 => none; else chunked attention: a key is visible only in its
+                                        own chunk, kpos / chunk_size == qpos / chunk_size (Llama 4) */
+  const float *sink_logits;          /* NULL => none; else [n_heads]: a learned logit per query head that
+                                        joins every softmax's denominator with no value (GPT-OSS) */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -1889,11 +1893,19 @@ typedef struct {
   size_t q_stride, o_stride; /* floats from one query token's row (out row) to the next */
   int non_causal;
   float alibi_max_bias;
+  int chunk;              /* chunk_size, 0: none */
+  const float *sinks;     /* sink_logits [H], or NULL */
 } kva__attn_params;
+
+/* The chunk of position p (floor division: positions may be negative in kva_attend). */
+static inline int64_t kva__chunk_of(const kva__attn_params *P, int32_t p) {
+  return p >= 0 ? (int64_t)p / P->chunk : -((-(int64_t)p - 1) / P->chunk) - 1;
+}
 
 static inline int kva__visible(const kva__attn_params *P, int32_t qp, int32_t kp) {
   int64_t dist = (int64_t)qp - (int64_t)kp;
   if (dist < 0 && !P->non_causal) return 0;
+  if (P->chunk > 0 && kva__chunk_of(P, qp) != kva__chunk_of(P, kp)) return 0;
   if (P->window <= 0 || kp < P->n_sink) return 1;
   return (dist < 0 ? -dist : dist) < (int64_t)P->window;
 }
@@ -1915,6 +1927,8 @@ static inline int kva__tile_all_visible(const kva__attn_params *P, int32_t qmin,
                                         int32_t kmax) {
   int64_t reach = (int64_t)qmax - (int64_t)kmin; /* the farthest distance in the tile */
   if (P->non_causal && (int64_t)kmax - (int64_t)qmin > reach) reach = (int64_t)kmax - (int64_t)qmin;
+  if (P->chunk > 0 && kva__chunk_of(P, kmin < qmin ? kmin : qmin) != kva__chunk_of(P, kmax > qmax ? kmax : qmax))
+    return 0; /* not all in one chunk */
   return (P->non_causal || kmax <= qmin) && (P->window <= 0 || reach < (int64_t)P->window);
 }
 
@@ -1923,6 +1937,9 @@ static inline int kva__tile_all_visible(const kva__attn_params *P, int32_t qmin,
 static inline int kva__tile_none_visible(const kva__attn_params *P, int32_t qmin, int32_t qmax, int32_t kmin,
                                          int32_t kmax) {
   if (kmin > qmax && !P->non_causal) return 1;
+  if (P->chunk > 0 &&
+      (kva__chunk_of(P, kmax) < kva__chunk_of(P, qmin) || kva__chunk_of(P, kmin) > kva__chunk_of(P, qmax)))
+    return 1; /* every key in another chunk than every row */
   if (P->window <= 0 || kmin < P->n_sink) return 0;
   return (int64_t)qmin - (int64_t)kmax >= (int64_t)P->window ||
          (P->non_causal && (int64_t)kmin - (int64_t)qmax >= (int64_t)P->window);
@@ -2012,6 +2029,21 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
   }
 }
 
+/* A learned sink logit: one more softmax term, with no value; the row's
+   accumulator and sum are rescaled as for a new tile when it is the
+   largest. A row that saw no key then has lse = sink and output 0. */
+static inline void kva__add_sink(float *acc, int dv, float *m, float *l, float sink) {
+  if (sink > *m) {
+    if (*l > 0.0f) {
+      float alpha = expf(*m - sink);
+      (void)kva__scale_max(acc, dv, alpha);
+      *l *= alpha;
+    }
+    *m = sink;
+  }
+  *l += expf(sink - *m);
+}
+
 static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
                                     const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
                                     float *out, float *lse, int compact) {
@@ -2044,7 +2076,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   }
   kva__rows_range(w, qp, nrows, &qmin, &qmax);
   /* a decode step (no window, no key after any query) masks nothing */
-  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent ||
+  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent || P->chunk > 0 ||
              (!P->non_causal && w->pos_max > qmin);
   if (kv1 > kv0)
     kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0],
@@ -2106,6 +2138,8 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
                      kva__view_scale(w->v_fp8_scale, g));
     }
   }
+  if (P->sinks && !compact) /* a split's part leaves the sink to the merge */
+    for (t = 0; t < nrows; t++) kva__add_sink(acc[t], P->DV, &m[t], &l[t], P->sinks[g * P->R + (row0 + t) % P->R]);
   if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, qnode, slope, nrows, m, l, read_pos, scores);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -2172,6 +2206,12 @@ static inline void kva__merge_item(const kva__attn_params *P, int g, int row0, i
       lses[s] = po[(size_t)rows_cap * (size_t)P->DV + (size_t)t];
     }
     l_ = kva__merge_row(out + (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV, part, lses, S, P->DV);
+    if (P->sinks) { /* the sink joins once, after the parts: out = out * L / (L + e^sink) */
+      float mx = l_ > P->sinks[h] ? l_ : P->sinks[h], wa = l_ > -INFINITY ? expf(l_ - mx) : 0.0f;
+      float ws = expf(P->sinks[h] - mx);
+      (void)kva__scale_max(out + (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV, P->DV, wa / (wa + ws));
+      l_ = mx + logf(wa + ws);
+    }
     if (lse) lse[o] = l_;
   }
 }
@@ -2297,6 +2337,14 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   if (!(a->alibi_max_bias >= 0.0f) || a->alibi_max_bias > 64.0f) return KVA_ERR_ARG;
   P->non_causal = a->non_causal;
   P->alibi_max_bias = a->alibi_max_bias;
+  if (a->chunk_size < 0) return KVA_ERR_ARG;
+  P->chunk = a->chunk_size;
+  P->sinks = a->sink_logits;
+  if (a->sink_logits) {
+    int h;
+    for (h = 0; h < a->n_heads; h++)
+      if (!(a->sink_logits[h] >= -FLT_MAX && a->sink_logits[h] <= FLT_MAX)) return KVA_ERR_ARG;
+  }
   P->q_stride = a->q_stride ? (size_t)a->q_stride : (size_t)P->H * (size_t)P->D;
   P->o_stride = a->out_stride ? (size_t)a->out_stride : (size_t)P->H * (size_t)P->DV;
   return KVA_OK;
@@ -4043,6 +4091,7 @@ struct kva_batch {
   float *out, *lse;
   int *seq_id, *n_q, *len, *pos, *evict_kind, *q_row; /* per sequence; q_row: first query row in q / out */
   int32_t *tree_parent;            /* NULL, or [sum n_q]: each sequence's tree (kva_attn.tree_parent) */
+  float *sinks;                    /* NULL, or [n_heads]: the plan's copy of kva_attn.sink_logits */
   int *merge_unit;                 /* per merged item: its first unit (its parts follow) */
   int *merge_splits;
   kva__unit *units;
@@ -4096,7 +4145,7 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
 /* A plan's one block: the struct, then its per-sequence, per-unit and
    per-merge arrays and the split-K partials. */
 static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, int n_units, int n_merges,
-                                     size_t part_floats, size_t tree_nodes) {
+                                     size_t part_floats, size_t tree_nodes, size_t sinks) {
   size_t seqs = (size_t)n_seqs, merges = (size_t)n_merges;
   kva__carve(L, 1, sizeof(kva_batch));
   b->views = (kva__kv_view *)kva__carve(L, seqs, sizeof(kva__kv_view));
@@ -4111,6 +4160,7 @@ static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, i
   b->merge_splits = (int *)kva__carve(L, merges, sizeof(int));
   b->parts = (float *)kva__carve(L, part_floats, sizeof(float));
   b->tree_parent = tree_nodes ? (int32_t *)kva__carve(L, tree_nodes, sizeof(int32_t)) : NULL;
+  b->sinks = sinks ? (float *)kva__carve(L, sinks, sizeof(float)) : NULL;
 }
 
 /* A plan for the step, built in `old`'s block when it is large enough (old
@@ -4143,7 +4193,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
   L.base = NULL, L.size = 0, L.overflow = 0;
   kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part,
-                    a->tree_parent ? (size_t)rows_total : 0);
+                    a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0);
   if (L.overflow) return KVA_ERR_NOMEM;
   if (old && L.size <= old->bytes) { /* rebuild in place: the block keeps its size and owner */
     block = *old;
@@ -4160,13 +4210,17 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   memset(b, 0, sizeof *b);
   L.base = mem, L.size = 0;
   kva__batch_layout(&L, b, n_seqs, n_units, n_merges, (size_t)n_parts * part,
-                    a->tree_parent ? (size_t)rows_total : 0);
+                    a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0);
   if (a->tree_parent && rows_total > 0) /* the plan keeps its own copy: the caller's may change */
     memcpy(b->tree_parent, a->tree_parent, (size_t)rows_total * sizeof(int32_t));
   b->bytes = block.bytes;
   b->free_fn = block.free_fn;
   b->user = block.user;
   b->P = P;
+  if (b->sinks) { /* the plan keeps its own copy, as of the tree */
+    memcpy(b->sinks, a->sink_logits, (size_t)P.H * sizeof(float));
+    b->P.sinks = b->sinks;
+  }
   b->n_threads = a->n_threads;
   b->n_seqs = n_seqs;
   b->n_units = n_units;

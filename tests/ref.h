@@ -104,6 +104,8 @@ typedef struct {
   double softcap;
   int non_causal;
   double alibi_max_bias;
+  int chunk;                /* chunked attention: keys of the query's own chunk only (0: none) */
+  const float *sink_logits; /* [H] a logit per head in every softmax's denominator, no value (NULL: none) */
 } ref_attn_cfg;
 
 /* The contract's defaults: v_dim 0 => head_dim, scale 0 => 1/sqrt(head_dim). */
@@ -119,6 +121,8 @@ static inline ref_attn_cfg ref_cfg(const kva_attn *a) {
   c.softcap = (double)a->softcap;
   c.non_causal = a->non_causal;
   c.alibi_max_bias = (double)a->alibi_max_bias;
+  c.chunk = a->chunk_size;
+  c.sink_logits = a->sink_logits;
   return c;
 }
 
@@ -140,6 +144,7 @@ static inline double ref_alibi_slope(const ref_attn_cfg *c, int h) {
 static inline int ref_visible(const ref_attn_cfg *c, int32_t qp, int32_t kp) {
   int64_t dist = (int64_t)qp - (int64_t)kp;
   if (kp > qp && !c->non_causal) return 0;
+  if (c->chunk > 0 && floor((double)kp / c->chunk) != floor((double)qp / c->chunk)) return 0;
   if (c->window <= 0) return 1;
   if (llabs((long long)dist) < (long long)c->window) return 1;
   return kp < c->n_sink;
@@ -179,10 +184,13 @@ static inline void ref_attend(const ref_attn_cfg *c, const double *q, int n_q,
         any = 1;
       }
       for (d = 0; d < c->Dv; d++) o[d] = 0.0;
-      if (!any) {
+      if (!any && !c->sink_logits) {
         if (lse) lse[(size_t)i * c->H + h] = -INFINITY;
         continue;
       }
+      /* a sink logit is one more term of the denominator, with no value */
+      if (c->sink_logits && (double)c->sink_logits[h] > m) m = (double)c->sink_logits[h];
+      if (c->sink_logits) sum += exp((double)c->sink_logits[h] - m);
       for (j = 0; j < n_kv; j++)
         if (vis[j]) {
           s[j] = exp(s[j] - m);

@@ -376,6 +376,7 @@ static void test_random_shapes(void) {
     int Dv = kt_int(&r, 0, 2) ? D : kt_pick(&r, dims, (int)(sizeof dims / sizeof dims[0]));
     int n_kv, n_q, j, kvmode, qmode, maxkp = 0, minkp = 0;
     int32_t *qp = NULL, *kp = NULL;
+    float sinks[16];
     double budget;
     memset(&tc, 0, sizeof tc);
     attn_init(&tc.a, H, G, D, (Dv == D && kt_int(&r, 0, 1)) ? 0 : Dv);
@@ -431,6 +432,12 @@ static void test_random_shapes(void) {
     if (kt_int(&r, 0, 2) == 0) tc.a.scale = kt_uniform(&r, 0.02f, 1.0f);
     if (kt_int(&r, 0, 4) == 0) tc.a.non_causal = 1;                     /* encoder / cross-attention */
     if (kt_int(&r, 0, 4) == 0) tc.a.alibi_max_bias = kt_int(&r, 0, 1) ? 8.0f : kt_uniform(&r, 0.5f, 16.0f);
+    if (kt_int(&r, 0, 4) == 0) tc.a.chunk_size = kt_int(&r, 1, n_kv + 2); /* chunked attention */
+    if (kt_int(&r, 0, 4) == 0) { /* learned sinks: small, or large enough to dominate */
+      int h;
+      for (h = 0; h < tc.a.n_heads; h++) sinks[h] = kt_int(&r, 0, 3) ? kt_uniform(&r, -4.0f, 4.0f) : 30.0f;
+      tc.a.sink_logits = sinks;
+    }
     tc.a.n_threads = kt_int(&r, 0, 2);
     tc.n_q = n_q;
     tc.n_kv = n_kv;

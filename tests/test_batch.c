@@ -149,6 +149,7 @@ typedef struct {
   int kvmode; /* 0: NULL; 1: 100 + j; 2: reversed; 3: shuffled; 4: 3 * j (sparse) */
   int window, n_sink, want_lse, v_dim0;
   float softcap, scale, qk_amp;
+  int chunk, sinks; /* chunk_size; sinks: 1 gives every head a random sink logit */
   const char *label;
 } kb_split_case;
 
@@ -187,6 +188,7 @@ static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
   float *o1 = KT_ALLOC(float, no + KB_GUARD), *o2 = KT_ALLOC(float, no + KB_GUARD);
   float *l1 = KT_ALLOC(float, nl + KB_GUARD), *l2 = KT_ALLOC(float, nl + KB_GUARD);
   int32_t *kp = NULL, *qp = NULL, minkp = 0, maxkp = n_kv - 1;
+  float *sinks = NULL;
   double *rq, *rk, *rv, *ro = KT_ALLOC(double, no + 1), *rl = KT_ALLOC(double, nl + 1);
   long m0, f0;
   kva_status st;
@@ -197,6 +199,12 @@ static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
   a.n_sink = tc->n_sink;
   a.softcap = tc->softcap;
   a.scale = tc->scale;
+  a.chunk_size = tc->chunk;
+  if (tc->sinks) { /* split-K parts leave the sink to the merge: it must join once */
+    sinks = KT_ALLOC(float, (size_t)H);
+    kt_fill(r, sinks, (size_t)H, -2.0f, 6.0f);
+    a.sink_logits = sinks;
+  }
   kt_fill(r, q, nq, -tc->qk_amp, tc->qk_amp);
   kt_fill(r, k, nk, -tc->qk_amp, tc->qk_amp);
   kt_fill(r, v, nv, -2.0f, 2.0f);
@@ -273,6 +281,7 @@ static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
   free(rv);
   free(ro);
   free(rl);
+  free(sinks);
 }
 
 static void kb_case(kb_split_case *tc, int H, int G, int D, int Dv, int n_q, int n_kv, const char *label) {
@@ -399,6 +408,8 @@ static void test_split_random(void) {
     }
     if (kt_int(&r, 0, 3) == 0) tc.softcap = kt_int(&r, 0, 1) ? 5.0f : 30.0f;
     if (kt_int(&r, 0, 3) == 0) tc.scale = kt_uniform(&r, 0.05f, 1.0f);
+    if (kt_int(&r, 0, 4) == 0) tc.chunk = kt_int(&r, 1, 3000);
+    tc.sinks = kt_int(&r, 0, 3) == 0;
     kb_split_run(&r, &tc);
   }
 }

@@ -254,7 +254,7 @@ static void check_attend(kt_rng *r, const cshape *s, sseq *q, int l, int n_q) {
   ref_attn_cfg c;
   int H = s->G * kt_int(r, 1, 3);
   size_t nq, no, nk = (size_t)q->len * s->G * s->D, nv = (size_t)q->len * s->G * s->Dv, where = 0;
-  float *qv, *out;
+  float *qv, *out, sinks[3 * 64];
   double *rq, *rk, *rv, *ro, err, tol;
   kva_status st;
   attn_init(&a, H, s->G, s->D, (s->Dv == s->D && kt_int(r, 0, 1)) ? 0 : s->Dv);
@@ -270,6 +270,12 @@ static void check_attend(kt_rng *r, const cshape *s, sseq *q, int l, int n_q) {
   }
   if (kt_int(r, 0, 4) == 0) a.non_causal = 1; /* the newest queries see every held key */
   if (kt_int(r, 0, 4) == 0) a.alibi_max_bias = 8.0f;
+  if (kt_int(r, 0, 4) == 0) a.chunk_size = kt_int(r, 1, q->len + 2);
+  if (kt_int(r, 0, 4) == 0) {
+    int h;
+    for (h = 0; h < H; h++) sinks[h] = kt_uniform(r, -3.0f, 3.0f);
+    a.sink_logits = sinks;
+  }
   a.n_threads = kt_int(r, 0, 2);
   c = ref_cfg(&a);
   nq = (size_t)n_q * H * s->D;
