@@ -1250,7 +1250,8 @@ static void sq_errors(void) {
         {112, 1, KVA_ERR_STREAM},      /* a reserved word */
         {124, 1, KVA_ERR_STREAM},      /* a reserved word */
         {128, KVA_F32, KVA_ERR_UNSUPPORTED}, /* layer 0's K type */
-        {136, 1, KVA_ERR_STREAM},      /* layer 0's stored range [1, 0) */
+        {136, 3, KVA_ERR_STREAM},      /* layer 0's stored range [3, 2) */
+        {140, 3, KVA_ERR_STREAM},      /* layer 0's stored range [0, 3) beyond the step of 2 */
     };
     int j;
     for (j = 0; j < (int)(sizeof f / sizeof f[0]); j++) {
@@ -1301,6 +1302,9 @@ static void sq_errors(void) {
       id = -1;
       KT_STATUS(kva_seq_import(E, m, z_evict, &id), KVA_OK);
       if (id >= 0) KT_STATUS(kva_seq_free(E, id), KVA_OK);
+      id = -1; /* the same on the twin, so that the ids it hands out stay comparable */
+      KT_STATUS(kva_seq_import(P, m, z_evict, &id), KVA_OK);
+      if (id >= 0) KT_STATUS(kva_seq_free(P, id), KVA_OK);
     }
   }
 
