@@ -3747,7 +3747,7 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   p = kva__put_i32(p, s->pos);
   p = kva__put_i32(p, s->last_append);
   unstored = s->unstored_from;
-  p = kva__put_i32(p, unstored == INT_MAX ? -1 : unstored);
+  p = kva__put_i32(p, unstored >= s->len ? -1 : unstored); /* a slot past the end is none */
   for (i = 0; i < 2; i++) {
     const kva_evict *e = i == 0 ? &s->evict : &s->evict_next;
     p = kva__put_i32(p, e->kind);
@@ -3846,7 +3846,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
   flags = (unsigned)h[6];
   len = h[7], pos = h[8], step = h[9], unstored = h[10];
   if (h[5] <= 0 || h[6] < 0 || h[6] > 3 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
-      h[22] != 0 || h[25] != 0)
+      h[22] != 0 || h[25] != 0 || unstored >= len || (h[21] == 0 && (h[23] != 0 || h[24] != 0)))
     return KVA_ERR_STREAM;
   for (i = 0; i < 2; i++) {
     kva_evict *e = &ev[i];
