@@ -293,6 +293,21 @@ typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
    (positions are the slots). */
 typedef enum { KVA_EVICT_SUPPORT_ALL = 0, KVA_EVICT_SUPPORT_WINDOW, KVA_EVICT_SUPPORT_NONE } kva_evict_support;
 
+/* Layer groups (hybrid local/global models): the layers of a group share an
+   attention span, and a WINDOW or CHUNK group keeps only the tokens its
+   layers can still see, in a pool of its own, returning the rest as the
+   sequence grows. FULL keeps every token (the main pool). */
+typedef enum { KVA_SPAN_FULL = 0, KVA_SPAN_WINDOW, KVA_SPAN_CHUNK } kva_span_kind;
+#define KVA_MAX_GROUPS 8 /* kva_cache_desc.n_groups at most */
+typedef struct {
+  int kind;       /* a kva_span_kind */
+  int window;     /* WINDOW: a key is visible iff qpos - kpos < window (> 0) */
+  int n_sink;     /* WINDOW: positions < n_sink stay visible (and held) */
+  int chunk_size; /* CHUNK: a key is visible iff kpos / chunk_size == qpos / chunk_size (> 0) */
+  int n_blocks;   /* WINDOW / CHUNK: the group's own pool; 0 => enough for max_seqs sequences at the
+                     span, plus a block each (at most the main pool's n_blocks) */
+} kva_layer_group;
+
 typedef struct {
   int kind;                       /* a kva_cache_kind (an int, so that `= {0}` compiles as C++ too);
                                      LATENT: one vector per token, V = its first v_dim values (MLA) */
@@ -313,6 +328,11 @@ typedef struct {
   int evict_support;              /* a kva_evict_support; 0 => ALL */
   int prefix_max_age;             /* 0 => none; else a published block unused for this many
                                      kva_seq_append calls (cache-wide) is forgotten */
+  int n_groups;                   /* 0 => one FULL group; else groups[n_groups], at most KVA_MAX_GROUPS */
+  const kva_layer_group *groups;
+  const int *layer_group;         /* NULL => every layer in group 0; else [n_layers] group indices.
+                                     With a WINDOW or CHUNK group the cache keeps no positions or
+                                     scores (as evict_support NONE): its sequences do not evict */
   void *(*alloc_fn)(size_t size, size_t align, void *user);
   void (*free_fn)(void *p, size_t size, void *user);
   void *user;
@@ -336,6 +356,11 @@ typedef struct {
   long cow_copies;      /* blocks copied because an append wrote into a shared block */
   long appends_failed;  /* kva_seq_append calls that returned KVA_ERR_FULL */
   long prefix_forgotten;/* published blocks dropped by prefix_max_age or recycled for space */
+  /* layer groups (kva_cache_desc.groups): */
+  size_t bytes_used;    /* block bytes live sequences hold: the main pool's blocks_used and every
+                           WINDOW / CHUNK group's blocks in use (shared blocks count once) */
+  int group_blocks;     /* blocks in the WINDOW / CHUNK groups' pools, together */
+  int group_blocks_used;/* of those, held by live sequences or the prefix cache */
 } kva_cache_stats;
 
 typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
@@ -1805,6 +1830,7 @@ typedef struct {
   const int32_t *tree_parent;
   int32_t tree_base;
   int tree_n;
+  int slots_are_positions;            /* key j sits at position j (before tree_base): nothing evicted */
 } kva__kv_view;
 
 /* Tree attention (speculative decoding): node i's parent is parent[i] < i,
@@ -1985,6 +2011,39 @@ static inline void kva__rows_range(const kva__kv_view *w, const int32_t *qp, int
   if (w->tree_parent && *qmax < w->tree_base + w->tree_n - 1) *qmax = w->tree_base + w->tree_n - 1;
 }
 
+/* Keys [*lo, *hi) that no row (positions qmin and up) can see by the window
+   or the chunk rule, when a key's index is its position: the walk jumps
+   over them without filling their tiles (a long sequence under a short
+   window, or a group that released them). Empty otherwise. */
+static inline void kva__unseen_keys(const kva__attn_params *P, const kva__kv_view *w, int32_t qmin, int *lo, int *hi) {
+  /* a tree node at index j >= tree_base sits at tree_base + depth <= j: past the window if j is,
+     unless that is below the sinks (then the walk stops at the first query; linear calls alike) */
+  int64_t chunk_hi = 0, win_lo = P->n_sink, win_hi = 0, cap = w->tree_base < P->n_sink ? w->tree_base : INT32_MAX;
+  *lo = *hi = 0;
+  if (!w->slots_are_positions) return;
+  if (P->chunk > 0) chunk_hi = (int64_t)kva__chunk_of(P, qmin) * P->chunk; /* earlier chunks */
+  if (P->window > 0) win_hi = (int64_t)qmin - P->window + 1;               /* past the window, sinks aside */
+  if (chunk_hi > cap) chunk_hi = cap;
+  if (win_hi > cap) win_hi = cap;
+  if (chunk_hi > 0 && chunk_hi >= win_lo) { /* the two ranges join */
+    *hi = (int)(chunk_hi > win_hi ? chunk_hi : win_hi);
+  } else if (win_hi - win_lo > chunk_hi) {
+    *lo = (int)win_lo;
+    *hi = (int)win_hi;
+  } else if (chunk_hi > 0) {
+    *hi = (int)chunk_hi;
+  }
+}
+
+/* The first key of a tile that starts at j or later, past the unseen keys. */
+static inline int kva__tile_start(int j, int skip_lo, int skip_hi) { return j >= skip_lo && j < skip_hi ? skip_hi : j; }
+/* Keys in the tile starting at j: up to KVA__TILE, not into the unseen keys. */
+static inline int kva__tile_keys(int j, int kv1, int skip_lo, int skip_hi) {
+  int n = kv1 - j < KVA__TILE ? kv1 - j : KVA__TILE;
+  if (j < skip_lo && skip_lo < skip_hi && j + n > skip_lo) n = skip_lo - j;
+  return n;
+}
+
 /* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
    over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
    with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
@@ -2060,7 +2119,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   int32_t *kpos, kmin, kmax;
   size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
   kva__next_tile next; /* the next tile, prefetched by the first row block's score kernel */
-  int t, j0, rb, prefetch_next, read_pos;
+  int t, j0, jn, rb, prefetch_next, read_pos, skip_lo, skip_hi, cb, first_tile = 1;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
@@ -2078,22 +2137,24 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   /* a decode step (no window, no key after any query) masks nothing */
   read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent || P->chunk > 0 ||
              (!P->non_causal && w->pos_max > qmin);
-  if (kv1 > kv0)
-    kva__view_fill(w, g, kv0, kv1 - kv0 < KVA__TILE ? kv1 - kv0 : KVA__TILE, krows_buf[0], vrows_buf[0],
-                   read_pos ? kpos_buf[0] : NULL,
-                   &kmin_buf[0], &kmax_buf[0]);
-  for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
-    int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible, cb = ((j0 - kv0) / KVA__TILE) & 1;
-    int nn = kv1 - j0 - nk < KVA__TILE ? kv1 - j0 - nk : KVA__TILE;
+  kva__unseen_keys(P, w, qmin, &skip_lo, &skip_hi);
+  j0 = kva__tile_start(kv0, skip_lo, skip_hi);
+  if (j0 < kv1)
+    kva__view_fill(w, g, j0, kva__tile_keys(j0, kv1, skip_lo, skip_hi), krows_buf[0], vrows_buf[0],
+                   read_pos ? kpos_buf[0] : NULL, &kmin_buf[0], &kmax_buf[0]);
+  for (cb = 0; j0 < kv1; j0 = jn, cb = !cb, first_tile = 0) {
+    int nk = kva__tile_keys(j0, kv1, skip_lo, skip_hi), nn, all_visible;
+    jn = kva__tile_start(j0 + nk, skip_lo, skip_hi);
+    nn = jn < kv1 ? kva__tile_keys(jn, kv1, skip_lo, skip_hi) : 0;
     krows = krows_buf[cb];
     vrows = vrows_buf[cb];
     kpos = kpos_buf[cb];
     kmin = kmin_buf[cb];
     kmax = kmax_buf[cb];
-    if (j0 == kv0 && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes); /* the first tile's V */
+    if (first_tile && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes); /* the first tile's V */
     prefetch_next = 0;
     if (nn > 0) {
-      kva__view_fill(w, g, j0 + nk, nn, krows_buf[!cb], vrows_buf[!cb], read_pos ? kpos_buf[!cb] : NULL,
+      kva__view_fill(w, g, jn, nn, krows_buf[!cb], vrows_buf[!cb], read_pos ? kpos_buf[!cb] : NULL,
                      &kmin_buf[!cb], &kmax_buf[!cb]);
       prefetch_next = kmin_buf[!cb] <= qmax;
     }
@@ -2373,6 +2434,7 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   w.v_tok_stride = a->v_stride ? (size_t)a->v_stride * sizeof(float) : w.v_head_stride * (size_t)P.G;
   w.pos = kv_pos;
   w.pos_max = kv_pos ? INT32_MAX : n_kv - 1;
+  w.slots_are_positions = kv_pos == NULL;
   w.tree_parent = a->tree_parent; /* the queries are the last n_q keys */
   w.tree_base = n_kv - n_q;
   w.tree_n = n_q;
@@ -2518,7 +2580,27 @@ typedef struct {
   kva_evict evict;  /* active policy */
   kva_evict evict_next; /* set by kva_seq_set_evict, active from the next append */
   int32_t *table;   /* [max_table] block ids */
+  int32_t *span_table; /* [n_spans][max_table] each WINDOW / CHUNK group's blocks (its own pool's ids;
+                          the group's hole where released) */
+  int32_t *span_from;  /* [n_spans] blocks [sink blocks, span_from) are released in that group */
 } kva__seq;
+
+/* A WINDOW or CHUNK layer group: its own pool of blocks (ids 0 .. n_blocks-1,
+   and n_blocks, the hole: zeros, never written, where a sequence's table
+   points for blocks it released, so a kernel's pointers stay valid). A
+   block is held by sequence tables and by the publication of a main-pool
+   block (prefix caching keeps a window's tokens); a block only a
+   publication holds is "spare": taken back when the group runs short. */
+typedef struct {
+  int kind, window, n_sink, chunk; /* the span (kva_layer_group) */
+  int group;                       /* its index in kva_cache_desc.groups */
+  int n_blocks, n_free, n_spare;
+  int32_t *free;                   /* [n_blocks] stack of free ids */
+  int32_t *ref;                    /* [n_blocks + 1] holders */
+  int32_t *owner;                  /* [n_blocks + 1] main-pool block whose publication holds it, or -1 */
+  int32_t *pub_block;              /* [main pool n_blocks] a published block's block here, or -1 */
+  size_t block_bytes;              /* its layers' bytes of one block */
+} kva__span;
 
 
 /* Per block bookkeeping. A block is in at most one list: the free list
@@ -2558,6 +2640,12 @@ struct kva_cache {
   kva__seq *seqs;           /* [max_seqs] */
   int32_t *seq_tables;      /* [max_seqs][n_blocks] their block tables */
   int32_t *seq_stored;      /* [max_seqs][n_layers][2] their kva__seq.stored */
+  int n_spans;              /* WINDOW / CHUNK groups */
+  kva__span spans[KVA_MAX_GROUPS];
+  unsigned char *span_pool_base[KVA_MAX_GROUPS]; /* the span's pool: [its layers][n_blocks + 1][layer block] */
+  int32_t *layer_span;      /* [n_layers] a layer's span, -1: FULL (the main pool) */
+  int32_t *seq_span_tables; /* [max_seqs][n_spans][max_table] */
+  int32_t *seq_span_from;   /* [max_seqs][n_spans] */
   size_t block_bytes, bytes_meta, alloc_bytes; /* alloc_bytes: the footprint, as asked of the allocator */
   void *(*alloc_fn)(size_t, size_t, void *);
   void (*free_fn)(void *, size_t, void *);
@@ -2688,6 +2776,8 @@ static inline kva__layer_bytes kva__layer_geometry(int kind, kva_dtype kt, kva_d
    sequence bookkeeping, then the pool (returned). */
 static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, size_t n_buckets) {
   size_t layers = (size_t)c->n_layers, blocks = (size_t)c->n_blocks, slots = blocks * (size_t)c->bs;
+  unsigned char *pool;
+  int i;
   kva__carve(L, 1, sizeof(kva_cache));
   c->kt = (kva_dtype *)kva__carve(L, layers, sizeof(kva_dtype));
   c->vt = (kva_dtype *)kva__carve(L, layers, sizeof(kva_dtype));
@@ -2712,7 +2802,30 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->seq_stored = (int32_t *)kva__carve(L, (size_t)c->max_seqs * layers * 2, sizeof(int32_t));
   c->k_fp8 = (float *)kva__carve(L, layers * (size_t)c->G, sizeof(float));
   c->v_fp8 = (float *)kva__carve(L, layers * (size_t)c->G, sizeof(float));
-  return (unsigned char *)kva__carve(L, blocks, c->block_bytes);
+  c->layer_span = (int32_t *)kva__carve(L, layers, sizeof(int32_t));
+  c->seq_span_tables =
+      (int32_t *)kva__carve(L, (size_t)c->max_seqs * (size_t)c->n_spans * (size_t)c->max_table, sizeof(int32_t));
+  c->seq_span_from = (int32_t *)kva__carve(L, (size_t)c->max_seqs * (size_t)c->n_spans, sizeof(int32_t));
+  for (i = 0; i < c->n_spans; i++) {
+    kva__span *sp = &c->spans[i];
+    size_t n = (size_t)sp->n_blocks;
+    sp->free = (int32_t *)kva__carve(L, n, sizeof(int32_t));
+    sp->ref = (int32_t *)kva__carve(L, n + 1, sizeof(int32_t));
+    sp->owner = (int32_t *)kva__carve(L, n + 1, sizeof(int32_t));
+    sp->pub_block = (int32_t *)kva__carve(L, blocks, sizeof(int32_t));
+  }
+  pool = (unsigned char *)kva__carve(L, blocks, c->block_bytes);
+  for (i = 0; i < c->n_spans; i++) /* block data last: create leaves it uninitialised */
+    c->span_pool_base[i] = (unsigned char *)kva__carve(L, (size_t)c->spans[i].n_blocks + 1, c->spans[i].block_bytes);
+  return pool;
+}
+
+/* Blocks of a span one sequence holds at most while it appends a block at a
+   time: the sinks', the reach of its newest query, the block being filled. */
+static inline long kva__span_seq_blocks(const kva__span *sp, int bs) {
+  long sinks = sp->kind == KVA_SPAN_WINDOW ? ((long)sp->n_sink + bs - 1) / bs : 0;
+  long reach = sp->kind == KVA_SPAN_WINDOW ? sp->window : sp->chunk;
+  return sinks + (reach + bs - 2) / bs + 2;
 }
 
 /* The whole footprint of a cache of `shape` with n_blocks blocks: what is
@@ -2723,8 +2836,16 @@ static inline size_t kva__cache_footprint(const kva_cache_desc *d, kva_cache *sh
   kva__layout L;
   size_t extra = d->alloc_fn ? 0 : 64;
   long table = d->max_seq_len > 0 ? ((long)d->max_seq_len + shape->bs - 1) / shape->bs : n_blocks;
+  int i;
   shape->n_blocks = n_blocks;
   shape->max_table = table < n_blocks ? (int)table : n_blocks;
+  for (i = 0; i < shape->n_spans; i++) {
+    kva__span *sp = &shape->spans[i];
+    long derived = (long)shape->max_seqs * kva__span_seq_blocks(sp, shape->bs);
+    sp->n_blocks = d->groups[sp->group].n_blocks ? d->groups[sp->group].n_blocks
+                   : derived < n_blocks         ? (int)derived
+                                                : n_blocks;
+  }
   *n_buckets = 1;
   while (*n_buckets < (size_t)n_blocks) *n_buckets <<= 1;
   if (shape->block_bytes > ((size_t)-1) / 4 / (size_t)n_blocks) return (size_t)-1;
@@ -2732,6 +2853,47 @@ static inline size_t kva__cache_footprint(const kva_cache_desc *d, kva_cache *sh
   kva__cache_layout(&L, shape, *n_buckets);
   if (L.overflow || L.size > (size_t)-1 - extra) return (size_t)-1;
   return L.size + extra;
+}
+
+/* The description's WINDOW / CHUNK groups, as the shape's spans (their pool
+   sizes come later, with the main pool's). */
+static inline kva_status kva__desc_spans(const kva_cache_desc *d, kva_cache *shape) {
+  int i, l;
+  if (d->n_groups < 0 || d->n_groups > KVA_MAX_GROUPS || (d->n_groups > 0) != (d->groups != NULL)) return KVA_ERR_ARG;
+  if (d->layer_group && d->n_groups == 0) return KVA_ERR_ARG;
+  for (l = 0; d->layer_group && l < d->n_layers; l++)
+    if (d->layer_group[l] < 0 || d->layer_group[l] >= d->n_groups) return KVA_ERR_ARG;
+  for (i = 0; i < d->n_groups; i++) {
+    const kva_layer_group *gr = &d->groups[i];
+    kva__span *sp = &shape->spans[shape->n_spans];
+    if (gr->n_blocks < 0 || gr->n_blocks > INT32_MAX / 4 || gr->window < 0 || gr->n_sink < 0 || gr->chunk_size < 0)
+      return KVA_ERR_ARG;
+    if (gr->kind == KVA_SPAN_FULL) {
+      if (gr->window || gr->n_sink || gr->chunk_size || gr->n_blocks) return KVA_ERR_ARG;
+      continue;
+    }
+    if (gr->kind == KVA_SPAN_WINDOW ? gr->window == 0 || gr->chunk_size
+        : gr->kind == KVA_SPAN_CHUNK ? gr->chunk_size == 0 || gr->window || gr->n_sink
+                                     : 1)
+      return KVA_ERR_ARG;
+    memset(sp, 0, sizeof *sp);
+    sp->kind = gr->kind;
+    sp->window = gr->window;
+    sp->n_sink = gr->n_sink;
+    sp->chunk = gr->chunk_size;
+    sp->group = i;
+    shape->n_spans++;
+  }
+  if (shape->n_spans > 0) shape->evict_support = KVA_EVICT_SUPPORT_NONE; /* slots stay positions */
+  return KVA_OK;
+}
+
+/* Layer l's span in the shape, -1: FULL. */
+static inline int kva__desc_layer_span(const kva_cache_desc *d, const kva_cache *shape, int l) {
+  int g = d->layer_group ? d->layer_group[l] : 0, i;
+  for (i = 0; i < shape->n_spans; i++)
+    if (shape->spans[i].group == g) return i;
+  return -1;
 }
 
 /* Checks a description and computes the cache's shape: the pool size is
@@ -2755,22 +2917,27 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   shape->max_seqs = d->max_seqs ? d->max_seqs : 256;
   shape->evict_support = d->evict_support;
   if (shape->bs > (1 << 20) || shape->max_seqs > (1 << 20)) return KVA_ERR_ARG;
+  if (kva__desc_spans(d, shape) != KVA_OK) return KVA_ERR_ARG;
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
     kva_dtype kt, vt;
+    size_t bytes;
+    int span = kva__desc_layer_span(d, shape, l);
     if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
     for (i = 0; i < d->n_kv_heads; i++) {
       kva_status st = kva__fp8_scale_check(kt, kva__desc_fp8_scale(d, 0, l, i));
       if (st == KVA_OK && d->kind == KVA_CACHE_KV) st = kva__fp8_scale_check(vt, kva__desc_fp8_scale(d, 1, l, i));
       if (st != KVA_OK) return st; /* LATENT stores one vector: K's scales only */
     }
-    shape->block_bytes += kva__layer_geometry(d->kind, kt, vt, shape->D, shape->DV, shape->G, shape->bs).block;
+    bytes = kva__layer_geometry(d->kind, kt, vt, shape->D, shape->DV, shape->G, shape->bs).block;
+    if (span < 0) shape->block_bytes += bytes;
+    else shape->spans[span].block_bytes += bytes;
   }
   if (d->n_blocks) {
     if ((size_t)d->n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
     *footprint = kva__cache_footprint(d, shape, d->n_blocks, n_buckets);
     return *footprint == (size_t)-1 ? KVA_ERR_NOMEM : KVA_OK;
   } else { /* the footprint grows with n_blocks: the largest that fits, by bisection */
-    size_t most = d->max_bytes / shape->block_bytes;
+    size_t most = d->max_bytes / (shape->block_bytes ? shape->block_bytes : 1);
     int lo = 1, hi = most > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)most;
     if (hi < 1 || kva__cache_footprint(d, shape, 1, n_buckets) > d->max_bytes)
       return KVA_ERR_ARG; /* max_bytes holds not even one block and its bookkeeping */
@@ -2814,12 +2981,12 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   if (!raw) return KVA_ERR_NOMEM;
   c = (kva_cache *)raw;
   *c = shape;
-  data = footprint - (d->alloc_fn ? 0 : 64) - shape.block_bytes * (size_t)shape.n_blocks;
-  /* bookkeeping only: block data is zeroed as slots are appended */
-  memset(raw + sizeof(kva_cache), 0, data - sizeof(kva_cache));
   L.base = raw, L.size = 0;
   pool = kva__cache_layout(&L, c, n_buckets);
   KVATTN_ASSERT(L.size + (d->alloc_fn ? 0 : 64) == footprint);
+  data = (size_t)(pool - raw);
+  /* bookkeeping only: block data is zeroed as slots are appended */
+  memset(raw + sizeof(kva_cache), 0, data - sizeof(kva_cache));
   c->raw = allocated;
   c->alloc_fn = d->alloc_fn;
   c->free_fn = d->free_fn;
@@ -2844,12 +3011,30 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
                      : kva__is_fp8(c->vt[l])    ? kva__desc_fp8_scale(d, 1, l, i)
                                                 : 1.0f;
     }
-    c->pool[l] = pool;
-    pool += c->layer_block[l] * (size_t)c->n_blocks;
+    c->layer_span[l] = kva__desc_layer_span(d, c, l);
+    if (c->layer_span[l] < 0) {
+      c->pool[l] = pool;
+      pool += c->layer_block[l] * (size_t)c->n_blocks;
+    } else { /* the span's pool: this layer's region, its hole zeroed */
+      kva__span *sp = &c->spans[c->layer_span[l]];
+      c->pool[l] = c->span_pool_base[c->layer_span[l]];
+      c->span_pool_base[c->layer_span[l]] += c->layer_block[l] * ((size_t)sp->n_blocks + 1);
+      memset(c->pool[l] + c->layer_block[l] * (size_t)sp->n_blocks, 0, c->layer_block[l]);
+    }
+  }
+  for (i = 0; i < c->n_spans; i++) {
+    kva__span *sp = &c->spans[i];
+    int b;
+    for (b = 0; b < sp->n_blocks; b++) sp->free[b] = sp->n_blocks - 1 - b; /* taken lowest id first */
+    sp->n_free = sp->n_blocks;
+    for (b = 0; b <= sp->n_blocks; b++) sp->owner[b] = -1;
+    for (b = 0; b < c->n_blocks; b++) sp->pub_block[b] = -1;
   }
   for (i = 0; i < c->max_seqs; i++) {
     c->seqs[i].table = c->seq_tables + (size_t)i * (size_t)c->max_table;
     c->seqs[i].stored = c->seq_stored + (size_t)i * (size_t)c->n_layers * 2;
+    c->seqs[i].span_table = c->seq_span_tables + (size_t)i * (size_t)c->n_spans * (size_t)c->max_table;
+    c->seqs[i].span_from = c->seq_span_from + (size_t)i * (size_t)c->n_spans;
   }
   for (i = 0; i < c->n_blocks; i++) c->blk[i].first_child = -1;
   for (i = c->n_blocks; i < c->n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
@@ -2867,10 +3052,19 @@ KVA_API void kva_cache_destroy(kva_cache *c) {
 
 static inline int kva__blocks_for(const kva_cache *c, long tokens) { return (int)((tokens + c->bs - 1) / c->bs); }
 
-/* Token `slot` of sequence s: its block id and the slot inside the block. */
-static inline int32_t kva__slot_block(const kva_cache *c, const kva__seq *s, int slot, int *in_block) {
+/* The block ids layer l finds sequence s's tokens under: the main table, or
+   its span's (WINDOW / CHUNK group). */
+static inline int32_t *kva__span_table(const kva_cache *c, const kva__seq *s, int span) {
+  return s->span_table + (size_t)span * (size_t)c->max_table;
+}
+static inline int32_t *kva__layer_table(const kva_cache *c, const kva__seq *s, int l) {
+  return c->layer_span[l] < 0 ? s->table : kva__span_table(c, s, c->layer_span[l]);
+}
+
+/* Token `slot` of sequence s in layer l: its block id and the slot inside the block. */
+static inline int32_t kva__slot_block(const kva_cache *c, const kva__seq *s, int l, int slot, int *in_block) {
   *in_block = slot % c->bs;
-  return s->table[slot / c->bs];
+  return kva__layer_table(c, s, l)[slot / c->bs];
 }
 
 static inline unsigned char *kva__k_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
@@ -2891,11 +3085,12 @@ static inline float *kva__score_ptr(const kva_cache *c, int l, int32_t b, int g,
   return c->block_score + kva__slot_index(c, l, b, g, slot);
 }
 
-/* Slot `slot` of every layer and head: zero data and score, set position. */
-static inline void kva__slot_init(kva_cache *c, int32_t b, int slot, int32_t pos) {
-  int l, g;
+/* Token `slot` of s in every layer and head: zero data and score, set position. */
+static inline void kva__slot_init(kva_cache *c, const kva__seq *s, int token, int32_t pos) {
+  int l, g, slot;
   for (l = 0; l < c->n_layers; l++)
     for (g = 0; g < c->G; g++) {
+      int32_t b = kva__slot_block(c, s, l, token, &slot);
       memset(kva__k_ptr(c, l, b, g, slot), 0, c->k_row[l]);
       if (c->kind == KVA_CACHE_KV) memset(kva__v_ptr(c, l, b, g, slot), 0, c->v_row[l]);
       if (c->block_pos) *kva__pos_ptr(c, l, b, g, slot) = pos;
@@ -2947,9 +3142,61 @@ static inline int32_t kva__prefix_find(const kva_cache *c, int32_t parent, uint6
   return -1;
 }
 
+/* --- WINDOW / CHUNK groups' pools (kva__span) --- */
+
+static inline int32_t kva__span_hole(const kva__span *sp) { return sp->n_blocks; }
+/* held by a publication only: the group may take it back */
+static inline int kva__span_spare(const kva__span *sp, int32_t b) { return sp->ref[b] == 1 && sp->owner[b] >= 0; }
+/* held by one sequence and nothing else but perhaps a publication: dropping it frees or spares it */
+static inline int kva__span_alone(const kva__span *sp, int32_t b) {
+  return b != kva__span_hole(sp) && sp->ref[b] - (sp->owner[b] >= 0) == 1;
+}
+static inline void kva__span_hold(kva__span *sp, int32_t b) {
+  sp->n_spare -= kva__span_spare(sp, b);
+  sp->ref[b]++;
+  sp->n_spare += kva__span_spare(sp, b);
+}
+static inline void kva__span_drop(kva__span *sp, int32_t b) {
+  KVATTN_ASSERT(b != kva__span_hole(sp) && sp->ref[b] > 0);
+  sp->n_spare -= kva__span_spare(sp, b);
+  if (--sp->ref[b] == 0) sp->free[sp->n_free++] = b;
+  else sp->n_spare += kva__span_spare(sp, b);
+}
+/* Main-pool block mb is published: its group blocks stay for prefix hits. */
+static inline void kva__span_publish(kva__span *sp, int32_t mb, int32_t b) {
+  if (b == kva__span_hole(sp)) return;
+  sp->pub_block[mb] = b;
+  sp->owner[b] = mb;
+  kva__span_hold(sp, b);
+}
+static inline void kva__span_unpublish(kva__span *sp, int32_t mb) {
+  int32_t b = sp->pub_block[mb];
+  if (b < 0) return;
+  sp->pub_block[mb] = -1;
+  sp->n_spare -= kva__span_spare(sp, b);
+  sp->owner[b] = -1; /* no longer spare, whatever holds it */
+  if (--sp->ref[b] == 0) sp->free[sp->n_free++] = b;
+}
+/* A free block, else one only a publication holds (that prefix hit gets shorter). */
+static inline int32_t kva__span_take(kva__span *sp) {
+  int32_t b;
+  if (sp->n_free == 0) {
+    KVATTN_ASSERT(sp->n_spare > 0);
+    for (b = 0; !kva__span_spare(sp, b); b++) {
+    }
+    kva__span_unpublish(sp, sp->owner[b]);
+  }
+  b = sp->free[--sp->n_free];
+  sp->ref[b] = 1;
+  return b;
+}
+static inline long kva__span_avail(const kva__span *sp) { return (long)sp->n_free + sp->n_spare; }
+
 static inline void kva__unpublish_one(kva_cache *c, int32_t b) {
   kva__block *k = &c->blk[b];
   int32_t *link = &c->buckets[k->hash & c->bucket_mask];
+  int i;
+  for (i = 0; i < c->n_spans; i++) kva__span_unpublish(&c->spans[i], b);
   KVATTN_ASSERT(k->first_child < 0);
   while (*link != b) link = &c->blk[*link].hnext;
   *link = k->hnext;
@@ -3038,6 +3285,7 @@ static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
   int l;
   for (l = 0; l < c->n_layers; l++) {
     size_t pos_block = (size_t)c->G * (size_t)c->bs;
+    if (c->layer_span[l] >= 0) continue; /* the main pool's layers only */
     memcpy(c->pool[l] + (size_t)dst * c->layer_block[l], c->pool[l] + (size_t)src * c->layer_block[l],
            c->layer_block[l]);
     if (c->block_pos)
@@ -3054,6 +3302,64 @@ static inline void kva__copy_on_write(kva_cache *c, kva__seq *s, int i) {
   kva__block_release(c, old);
   s->table[i] = b;
   c->cow_copies++;
+}
+
+/* Sequence s's i-th block of span w, made its own (the group has one to spare). */
+static inline void kva__span_copy_on_write(kva_cache *c, kva__seq *s, int w, int i) {
+  kva__span *sp = &c->spans[w];
+  int32_t *t = kva__span_table(c, s, w), old = t[i], b = kva__span_take(sp);
+  int l;
+  for (l = 0; l < c->n_layers; l++)
+    if (c->layer_span[l] == w)
+      memcpy(c->pool[l] + (size_t)b * c->layer_block[l], c->pool[l] + (size_t)old * c->layer_block[l],
+             c->layer_block[l]);
+  kva__span_drop(sp, old);
+  t[i] = b;
+}
+
+/* The first block of span w that a query at position p, or later, can see
+   (the sinks aside); before it, a sequence's blocks there are released. */
+static inline int kva__span_first_block(const kva_cache *c, const kva__span *sp, long p) {
+  long first = sp->kind == KVA_SPAN_WINDOW ? p - sp->window + 1 : p / sp->chunk * sp->chunk;
+  return first > 0 ? (int)(first / c->bs) : 0;
+}
+static inline int kva__span_sink_blocks(const kva_cache *c, const kva__span *sp) {
+  return sp->kind == KVA_SPAN_WINDOW ? kva__blocks_for(c, sp->n_sink) : 0;
+}
+/* Does s still hold, in every group, what queries at positions >= p see?
+   (A sequence's released blocks are [sink blocks, span_from).) */
+static inline int kva__spans_hold(const kva_cache *c, const kva__seq *s, long p) {
+  int w;
+  for (w = 0; w < c->n_spans; w++) {
+    const kva__span *sp = &c->spans[w];
+    int first = kva__span_first_block(c, sp, p), sinks = kva__span_sink_blocks(c, sp);
+    if ((first > sinks ? first : sinks) < s->span_from[w]) return 0;
+  }
+  return 1;
+}
+/* Release s's blocks of span w that no query at position p or later can see. */
+static inline void kva__span_release_before(kva_cache *c, kva__seq *s, int w, long p) {
+  kva__span *sp = &c->spans[w];
+  int32_t *t = kva__span_table(c, s, w);
+  int to = kva__span_first_block(c, sp, p), i;
+  if (to > s->n_blocks) to = s->n_blocks;
+  for (i = s->span_from[w]; i < to; i++) {
+    if (t[i] != kva__span_hole(sp)) kva__span_drop(sp, t[i]);
+    t[i] = kva__span_hole(sp);
+  }
+  if (to > s->span_from[w]) s->span_from[w] = to;
+}
+/* Drop s's group blocks from index `from` on (truncation, free). */
+static inline void kva__spans_drop_from(kva_cache *c, kva__seq *s, int from) {
+  int w, i;
+  for (w = 0; w < c->n_spans; w++) {
+    kva__span *sp = &c->spans[w];
+    int32_t *t = kva__span_table(c, s, w);
+    int sinks = kva__span_sink_blocks(c, sp);
+    for (i = from; i < s->n_blocks; i++)
+      if (t[i] != kva__span_hole(sp)) kva__span_drop(sp, t[i]);
+    if (s->span_from[w] > from) s->span_from[w] = from > sinks ? from : sinks;
+  }
 }
 
 /* Forget cached blocks unused for prefix_max_age appends (LRU order = age order). */
@@ -3104,7 +3410,7 @@ static inline void kva__step_begin(kva_cache *c, kva__seq *s, int n_new) {
 
 /* A free sequence record, or NULL (max_seqs live). */
 static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
-  int i, gen_limit = INT_MAX / c->max_seqs; /* a slot out of generations is retired: ids never repeat */
+  int i, j, gen_limit = INT_MAX / c->max_seqs; /* a slot out of generations is retired: ids never repeat */
   for (i = 0; i < c->max_seqs; i++) {
     kva__seq *s = &c->seqs[i];
     if (s->live || s->gen >= gen_limit) continue;
@@ -3114,6 +3420,7 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
     memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
     memset(&s->evict, 0, sizeof s->evict); /* not the policy of the id this record held before */
     memset(&s->evict_next, 0, sizeof s->evict_next);
+    for (j = 0; j < c->n_spans; j++) s->span_from[j] = kva__span_sink_blocks(c, &c->spans[j]);
     c->n_live++;
     *seq = s->gen * c->max_seqs + i;
     return s;
@@ -3132,6 +3439,7 @@ KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
   if (!c) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
+  kva__spans_drop_from(c, s, 0);
   for (i = s->n_blocks - 1; i >= 0; i--) kva__block_release(c, s->table[i]); /* tail first: LRU drops tails first */
   s->live = 0;
   s->gen++;
@@ -3157,7 +3465,7 @@ static inline int kva__block_shared(const kva_cache *c, int32_t b) { return c->b
 /* Is the token in this slot of head (l, g) evictable under policy e? */
 static inline int kva__evictable(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, int slot) {
   int in_block;
-  int32_t b = kva__slot_block(c, s, slot, &in_block), p = *kva__pos_ptr(c, l, b, g, in_block);
+  int32_t b = kva__slot_block(c, s, l, slot, &in_block), p = *kva__pos_ptr(c, l, b, g, in_block);
   if (p < e->n_sink) return 0;
   return e->kind != KVA_EVICT_H2O || (long)p < (long)s->pos - e->n_recent;
 }
@@ -3181,7 +3489,7 @@ static inline int kva__evict_count(const kva_cache *c, const kva__seq *s, const 
 static inline int kva__victim_before(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, int a,
                                      int b) {
   int ia, ib;
-  int32_t ba = kva__slot_block(c, s, a, &ia), bb = kva__slot_block(c, s, b, &ib);
+  int32_t ba = kva__slot_block(c, s, l, a, &ia), bb = kva__slot_block(c, s, l, b, &ib);
   if (e->kind == KVA_EVICT_H2O) {
     float sa = *kva__score_ptr(c, l, ba, g, ia), sb = *kva__score_ptr(c, l, bb, g, ib);
     if (sa != sb) return sa < sb;
@@ -3212,8 +3520,8 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
         int32_t hb, sb;
         if (hole >= new_len) continue;
         while (c->victim_flag[src]) src++;
-        hb = kva__slot_block(c, s, hole, &hi);
-        sb = kva__slot_block(c, s, src, &si);
+        hb = kva__slot_block(c, s, l, hole, &hi);
+        sb = kva__slot_block(c, s, l, src, &si);
         kva__slot_move(c, l, g, hb, hi, sb, si);
         src++;
       }
@@ -3241,11 +3549,12 @@ static inline kva_status kva__evict_check(const kva_evict *e) {
 typedef struct {
   int n_evict, keep_blocks, private_to, fits_now;
   long copies, fresh, releasable;
+  long span_need[KVA_MAX_GROUPS], span_releasable[KVA_MAX_GROUPS]; /* each WINDOW / CHUNK group's */
 } kva__append_plan;
 
 static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, kva__append_plan *pl) {
   const kva_evict *e = &s->evict_next;
-  int i, new_len;
+  int i, w, new_len;
   long avail = (long)c->n_free + c->n_cached;
   pl->n_evict = kva__evict_count(c, s, e, n);
   new_len = s->len - pl->n_evict;
@@ -3260,6 +3569,19 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
   /* copies are taken before emptied blocks return to the pool */
   pl->fits_now = pl->copies <= avail && pl->copies + pl->fresh <= avail + pl->releasable &&
                  kva__blocks_for(c, (long)new_len + n) <= c->max_table;
+  /* a group releases what the step's queries cannot see, copies a shared tail, takes new blocks
+     (its sequences do not evict: new_len is s->len) */
+  for (w = 0; w < c->n_spans; w++) {
+    const kva__span *sp = &c->spans[w];
+    const int32_t *t = kva__span_table(c, s, w);
+    int to = kva__span_first_block(c, sp, s->len);
+    if (to > s->n_blocks) to = s->n_blocks;
+    pl->span_releasable[w] = 0;
+    for (i = s->span_from[w]; i < to; i++) pl->span_releasable[w] += kva__span_alone(sp, t[i]);
+    pl->span_need[w] = kva__blocks_for(c, (long)s->len + n) - s->n_blocks;
+    if (s->len % c->bs && s->len / c->bs < s->n_blocks && sp->ref[t[s->len / c->bs]] > 1) pl->span_need[w]++;
+    if (pl->span_need[w] > kva__span_avail(sp) + pl->span_releasable[w]) pl->fits_now = 0;
+  }
 }
 
 /* Set or change the policy; it applies from the next kva_seq_append. */
@@ -3284,7 +3606,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__seq *s;
   const kva_evict *e;
   kva__append_plan pl;
-  int i, zero_scores;
+  int i, w, zero_scores;
   if (!c || n_tokens < 0) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
@@ -3322,12 +3644,17 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl.n_evict;
   if (kva__tail_needs_copy(c, s)) kva__copy_on_write(c, s, s->len / c->bs);
-  while (s->n_blocks < kva__blocks_for(c, (long)s->len + n_tokens)) s->table[s->n_blocks++] = kva__block_take(c);
-  for (i = 0; i < n_tokens; i++) {
-    int slot = s->len + i, in_block;
-    int32_t b = kva__slot_block(c, s, slot, &in_block);
-    kva__slot_init(c, b, in_block, (int32_t)(s->pos + i));
+  for (w = 0; w < c->n_spans; w++) { /* (the step's queries sit at s->len and later) */
+    kva__span *sp = &c->spans[w];
+    int32_t *t = kva__span_table(c, s, w);
+    int b;
+    kva__span_release_before(c, s, w, s->len);
+    if (s->len % c->bs && s->len / c->bs < s->n_blocks && sp->ref[t[s->len / c->bs]] > 1)
+      kva__span_copy_on_write(c, s, w, s->len / c->bs);
+    for (b = s->n_blocks; b < kva__blocks_for(c, (long)s->len + n_tokens); b++) t[b] = kva__span_take(sp);
   }
+  while (s->n_blocks < kva__blocks_for(c, (long)s->len + n_tokens)) s->table[s->n_blocks++] = kva__block_take(c);
+  for (i = 0; i < n_tokens; i++) kva__slot_init(c, s, s->len + i, (int32_t)(s->pos + i));
   s->len += n_tokens;
   s->pos += n_tokens;
   s->last_append = n_tokens;
@@ -3341,7 +3668,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
    less than planned (an earlier copy unshares blocks), so a passing check
    means every append succeeds. */
 KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *n_tokens, int n_seqs) {
-  long avail;
+  long avail, span_avail[KVA_MAX_GROUPS];
   int i, j;
   if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_tokens))) return KVA_ERR_ARG;
   for (i = 0; i < n_seqs; i++) {
@@ -3352,11 +3679,17 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
       if (seqs[j] == seqs[i]) return KVA_ERR_ARG;
   }
   avail = (long)c->n_free + c->n_cached;
+  for (j = 0; j < c->n_spans; j++) span_avail[j] = kva__span_avail(&c->spans[j]);
   for (i = 0; i < n_seqs; i++) {
     kva__append_plan pl;
+    int short_of_blocks = 0;
     if (n_tokens[i] == 0) continue;
     kva__plan_append(c, kva__seq_get(c, seqs[i]), n_tokens[i], &pl);
-    if (!pl.fits_now || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable) {
+    for (j = 0; j < c->n_spans; j++) {
+      short_of_blocks |= pl.span_need[j] > span_avail[j] + pl.span_releasable[j];
+      span_avail[j] += pl.span_releasable[j] - pl.span_need[j];
+    }
+    if (!pl.fits_now || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable || short_of_blocks) {
       c->appends_failed++;
       return KVA_ERR_FULL;
     }
@@ -3373,8 +3706,8 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
 /* A child sharing every block of src (copy-on-write); takes no block. */
 KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   kva__seq *s, *d;
-  int i, id, gen;
-  int32_t *table, *stored;
+  int i, w, id, gen;
+  int32_t *table, *stored, *span_table, *span_from;
   if (!c || !dst) return KVA_ERR_ARG;
   s = kva__seq_get(c, src);
   if (!s) return KVA_ERR_SEQ;
@@ -3384,12 +3717,23 @@ KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   gen = d->gen;
   table = d->table;
   stored = d->stored;
+  span_table = d->span_table;
+  span_from = d->span_from;
   *d = *s;
   d->gen = gen;
   d->table = table;
   d->stored = stored;
+  d->span_table = span_table;
+  d->span_from = span_from;
   memcpy(d->table, s->table, (size_t)s->n_blocks * sizeof(int32_t));
   for (i = 0; i < s->n_blocks; i++) kva__block_ref(c, s->table[i]);
+  for (w = 0; w < c->n_spans; w++) {
+    const int32_t *from = kva__span_table(c, s, w);
+    memcpy(kva__span_table(c, d, w), from, (size_t)s->n_blocks * sizeof(int32_t));
+    for (i = 0; i < s->n_blocks; i++)
+      if (from[i] != kva__span_hole(&c->spans[w])) kva__span_hold(&c->spans[w], from[i]);
+    d->span_from[w] = s->span_from[w];
+  }
   /* policy and H2O scores travel with the fork (the scores live in the shared blocks) */
   *dst = id;
   return KVA_OK;
@@ -3406,7 +3750,10 @@ KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
   /* after eviction a slot is no longer its position, except in the newest
      step: its tokens were appended after the eviction, at the end */
   if (s->pos != s->len && n_keep < s->len - s->last_append) return KVA_ERR_UNSUPPORTED;
+  /* a WINDOW / CHUNK group must still hold what the next query sees */
+  if (!kva__spans_hold(c, s, n_keep)) return KVA_ERR_UNSUPPORTED;
   keep_blocks = kva__blocks_for(c, n_keep);
+  kva__spans_drop_from(c, s, keep_blocks);
   while (s->n_blocks > keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   kva__step_begin(c, s, 0);
   if (s->unstored_from >= n_keep) s->unstored_from = INT_MAX;
@@ -3437,10 +3784,18 @@ KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_
   new_len = start + n_keep;
   for (first = 0; first < n_keep && keep[first] == first; first++) {
   } /* the kept tokens before `first` are in place already */
+  /* a WINDOW / CHUNK group must still hold the tokens that move and what the next query sees */
+  if (!kva__spans_hold(c, s, start)) return KVA_ERR_UNSUPPORTED;
   if (first < n_keep) { /* blocks of slots start + first .. new_len - 1 are rewritten */
-    int b;
+    int b, w;
     for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++) copies += kva__block_shared(c, s->table[b]);
     if (copies > (long)c->n_free + c->n_cached) return KVA_ERR_FULL;
+    for (w = 0; w < c->n_spans; w++) {
+      const int32_t *t = kva__span_table(c, s, w);
+      long span_copies = 0;
+      for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++) span_copies += c->spans[w].ref[t[b]] > 1;
+      if (span_copies > kva__span_avail(&c->spans[w])) return KVA_ERR_FULL;
+    }
   }
 
   /* commit */
@@ -3451,21 +3806,26 @@ KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_
   unstored = unstored <= start ? unstored : start + kept_stored; /* where the first unstored kept token lands */
   s->unstored_from = unstored < new_len ? unstored : INT_MAX;
   if (first < n_keep) {
-    int b;
-    for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++)
+    int b, w;
+    for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++) {
       if (kva__block_shared(c, s->table[b])) kva__copy_on_write(c, s, b);
+      for (w = 0; w < c->n_spans; w++)
+        if (c->spans[w].ref[kva__span_table(c, s, w)[b]] > 1) kva__span_copy_on_write(c, s, w, b);
+    }
   }
   for (j = first; j < n_keep; j++) { /* slot start + j < start + keep[j]: moves go down, never over a source */
-    int di, si;
-    int32_t db = kva__slot_block(c, s, start + j, &di), sb = kva__slot_block(c, s, start + keep[j], &si);
-    for (l = 0; l < c->n_layers; l++)
+    for (l = 0; l < c->n_layers; l++) {
+      int di, si;
+      int32_t db = kva__slot_block(c, s, l, start + j, &di), sb = kva__slot_block(c, s, l, start + keep[j], &si);
       for (g = 0; g < c->G; g++) {
         memcpy(kva__k_ptr(c, l, db, g, di), kva__k_ptr(c, l, sb, g, si), c->k_row[l]);
         if (c->kind == KVA_CACHE_KV) memcpy(kva__v_ptr(c, l, db, g, di), kva__v_ptr(c, l, sb, g, si), c->v_row[l]);
         if (c->block_pos) *kva__pos_ptr(c, l, db, g, di) = (int32_t)(s->pos - n_new + j);
         if (c->block_score) *kva__score_ptr(c, l, db, g, di) = *kva__score_ptr(c, l, sb, g, si);
       }
+    }
   }
+  kva__spans_drop_from(c, s, kva__blocks_for(c, new_len));
   while (s->n_blocks > kva__blocks_for(c, new_len)) kva__block_release(c, s->table[--s->n_blocks]);
   s->pos -= n_new - n_keep;
   s->len = new_len;
@@ -3477,6 +3837,7 @@ KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_
 KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blocks_needed) {
   const kva__seq *s = kva__seq_get(c, seq);
   kva__append_plan pl;
+  int w;
   if (!s || n_tokens < 0) return KVA_FITS_NEVER;
   if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_FITS_NEVER;
   if (n_tokens == 0) {
@@ -3488,6 +3849,14 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
   if (pl.fits_now) return KVA_FITS_NOW;
   /* once every other sequence let go, nothing is shared: the sequence needs its own blocks only */
   if (kva__blocks_for(c, (long)s->len - pl.n_evict + n_tokens) > c->max_table) return KVA_FITS_NEVER;
+  for (w = 0; w < c->n_spans; w++) { /* and in each group what it holds after the append */
+    const kva__span *sp = &c->spans[w];
+    int to = kva__span_first_block(c, sp, s->len), released;
+    if (to > s->n_blocks) to = s->n_blocks;
+    released = (to > s->span_from[w] ? to : s->span_from[w]) - kva__span_sink_blocks(c, sp);
+    if (kva__blocks_for(c, (long)s->len + n_tokens) - (released > 0 ? released : 0) > sp->n_blocks)
+      return KVA_FITS_NEVER;
+  }
   return KVA_FITS_LATER;
 }
 
@@ -3498,7 +3867,7 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
    carries the chain on through that block. */
 static inline void kva__publish_blocks(kva_cache *c, const kva__seq *s, const int32_t *tokens, int n_full,
                                        uint64_t salt) {
-  int i;
+  int i, w;
   int32_t parent = -1;
   uint64_t parent_gen = 0;
   for (i = 0; i < n_full; i++) {
@@ -3507,6 +3876,7 @@ static inline void kva__publish_blocks(kva_cache *c, const kva__seq *s, const in
     if (have < 0 && !c->blk[b].published) {
       kva__block *k = &c->blk[b];
       k->published = 1;
+      for (w = 0; w < c->n_spans; w++) kva__span_publish(&c->spans[w], b, kva__span_table(c, s, w)[i]);
       k->pub_gen = ++c->pub_counter;
       k->parent = parent;
       k->parent_gen = parent_gen;
@@ -3551,12 +3921,25 @@ KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens,
 }
 
 
+/* Do the groups keep, for the first n published blocks, what a query after
+   them sees (the window's blocks and the sinks')? */
+static inline int kva__spans_published(const kva_cache *c, const int32_t *table, int n) {
+  int w, i;
+  for (w = 0; w < c->n_spans; w++) {
+    const kva__span *sp = &c->spans[w];
+    int first = kva__span_first_block(c, sp, (long)n * c->bs), sinks = kva__span_sink_blocks(c, sp);
+    for (i = 0; i < n; i++)
+      if ((i < sinks || i >= first) && sp->pub_block[table[i]] < 0) return 0;
+  }
+  return 1;
+}
+
 /* A new sequence holding the longest run of published full blocks that
    match (salt, tokens), at most n_tokens - 1 tokens. */
 KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n_tokens, uint64_t salt, int *seq,
                                       int *n_reused) {
   kva__seq *s;
-  int id, i, max_blocks;
+  int id, i, w, max_blocks;
   int32_t parent = -1;
   uint64_t parent_gen = 0;
   if (!c || !seq || !n_reused || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
@@ -3566,11 +3949,25 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
   for (i = 0; i < max_blocks; i++) {
     int32_t b = kva__prefix_find(c, parent, parent_gen, salt, tokens + (size_t)i * (size_t)c->bs);
     if (b < 0) break;
-    kva__block_ref(c, b);
-    c->blk[b].last_use = c->append_counter;
     s->table[s->n_blocks++] = b;
     parent = b;
     parent_gen = c->blk[b].pub_gen;
+  }
+  while (s->n_blocks > 0 && !kva__spans_published(c, s->table, s->n_blocks))
+    s->n_blocks--; /* a group no longer has the window's tokens: a shorter hit */
+  for (i = 0; i < s->n_blocks; i++) {
+    kva__block_ref(c, s->table[i]);
+    c->blk[s->table[i]].last_use = c->append_counter;
+  }
+  for (w = 0; w < c->n_spans; w++) {
+    kva__span *sp = &c->spans[w];
+    int first = kva__span_first_block(c, sp, (long)s->n_blocks * c->bs), sinks = kva__span_sink_blocks(c, sp);
+    int32_t *t = kva__span_table(c, s, w);
+    for (i = 0; i < s->n_blocks; i++) {
+      t[i] = i < sinks || i >= first ? sp->pub_block[s->table[i]] : kva__span_hole(sp);
+      if (t[i] != kva__span_hole(sp)) kva__span_hold(sp, t[i]);
+    }
+    s->span_from[w] = first > sinks ? first : sinks;
   }
   s->len = s->pos = s->n_blocks * c->bs;
   c->prefix_queries += n_tokens;
@@ -3594,16 +3991,19 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
      header   magic "kvattnSQ", u32 version (1), u32 byte-order mark
               0x01020304, u64 stream size; u32 kind, n_layers, n_kv_heads,
               head_dim, v_dim, block_size (the writer's), flags (1: positions,
-              2: H2O scores follow the rows); i32 len, pos, the step's token
+              2: H2O scores follow the rows, 4: spans); i32 len, pos, the step's token
               count, first unstored slot (-1: none); the active and the next
               eviction policy (5 x i32 each: kind, budget, n_sink, n_recent,
               rollback); i32 prefix tokens, u32 0, u64 prefix salt
      layers   per layer: u32 K and V dtype, i32 the step's stored range
               [from, to), f32 FP8 scales of K, then of V, per KV head
+     spans    (flag 4: the cache has WINDOW / CHUNK groups) per layer i32
+              its group's kind, window, n_sink, chunk_size (FULL: zeros)
      prefix   i32 token ids of the leading blocks the prefix cache knows
      rows     per layer and KV head: len K rows as stored (INT8: scale and
               codes), len V rows (KV caches), then len i32 positions and
-              len f32 scores if flagged
+              len f32 scores if flagged; a token its group released is
+              zeros
      u64      checksum of every byte before it (kva__stream_checksum)
    Rows are per token, so the reader's block size may differ. */
 #define KVA__STREAM_MAGIC "kvattnSQ"
@@ -3611,6 +4011,7 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
 #define KVA__STREAM_ORDER 0x01020304u
 #define KVA__STREAM_POS 1u
 #define KVA__STREAM_SCORES 2u
+#define KVA__STREAM_SPANS 4u
 #define KVA__STREAM_HEADER 128 /* bytes before the layers */
 
 /* 64-bit checksum: four lanes of 8-byte words, each step a bijection of the
@@ -3662,6 +4063,7 @@ static inline size_t kva__stream_size(const kva_cache *c, int len, unsigned flag
     per_token += (size_t)c->G * (c->k_row[l] + (c->kind == KVA_CACHE_KV ? c->v_row[l] : 0));
     layers += 16 + 8 * (size_t)c->G;
   }
+  if (flags & KVA__STREAM_SPANS) layers += 16 * (size_t)c->n_layers;
   if (flags & KVA__STREAM_POS) per_token += (size_t)c->n_layers * (size_t)c->G * 4;
   if (flags & KVA__STREAM_SCORES) per_token += (size_t)c->n_layers * (size_t)c->G * 4;
   if (n && per_token > ((size_t)-1 - 1024 - layers - 4 * (size_t)n_prefix) / n) return (size_t)-1;
@@ -3691,20 +4093,29 @@ static inline size_t kva__field_bytes(const kva_cache *c, int field, int l) {
 
 /* One field of head (l, g) over slots [0, len) of a block table, from the
    blocks to the stream at `to`, or (to NULL) from the stream at `from` into
-   the blocks; returns the stream bytes. A head's slots are contiguous
-   inside a block. */
-static inline size_t kva__stream_field(const kva_cache *c, const int32_t *table, int len, int field, int l, int g,
-                                       unsigned char *to, const unsigned char *from) {
+   the blocks, but not into block `hole`; returns the stream bytes. A head's
+   slots are contiguous inside a block. */
+static inline size_t kva__stream_field(const kva_cache *c, const int32_t *table, int32_t hole, int len, int field,
+                                       int l, int g, unsigned char *to, const unsigned char *from) {
   size_t bytes = kva__field_bytes(c, field, l), done = 0;
   int slot, n;
   for (slot = 0; slot < len; slot += n) {
     unsigned char *at = kva__field_ptr(c, field, l, table[slot / c->bs], g, slot % c->bs);
     n = c->bs - slot % c->bs < len - slot ? c->bs - slot % c->bs : len - slot;
     if (to) memcpy(to + done, at, (size_t)n * bytes);
-    else memcpy(at, from + done, (size_t)n * bytes);
+    else if (table[slot / c->bs] != hole) memcpy(at, from + done, (size_t)n * bytes);
     done += (size_t)n * bytes;
   }
   return done;
+}
+
+/* A layer's group in a stream: kind, window, n_sink, chunk_size (FULL: zeros). */
+static inline void kva__layer_span_record(const kva_cache *c, int l, int32_t *span) {
+  const kva__span *sp = c->layer_span[l] >= 0 ? &c->spans[c->layer_span[l]] : NULL;
+  span[0] = sp ? sp->kind : KVA_SPAN_FULL;
+  span[1] = sp ? sp->window : 0;
+  span[2] = sp ? sp->n_sink : 0;
+  span[3] = sp ? sp->chunk : 0;
 }
 
 static inline unsigned char *kva__put(unsigned char *p, const void *src, size_t n) {
@@ -3724,7 +4135,8 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   if (!c || !size) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
-  flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u);
+  flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u) |
+          (c->n_spans ? KVA__STREAM_SPANS : 0u);
   n_prefix = kva__seq_prefix_blocks(c, s) * c->bs;
   need = kva__stream_size(c, s->len, flags, n_prefix);
   if (need == (size_t)-1) return KVA_ERR_NOMEM;
@@ -3769,12 +4181,18 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
     p = kva__put(p, c->k_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G);
     p = kva__put(p, c->v_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G);
   }
+  for (l = 0; l < c->n_layers && c->n_spans; l++) {
+    int32_t span[4];
+    kva__layer_span_record(c, l, span);
+    for (i = 0; i < 4; i++) p = kva__put_i32(p, span[i]);
+  }
   for (i = 0; i < n_prefix / c->bs; i++)
     p = kva__put(p, c->blk_tokens + (size_t)s->table[i] * (size_t)c->bs, (size_t)c->bs * 4);
   for (l = 0; l < c->n_layers; l++)
     for (g = 0; g < c->G; g++)
       for (i = KVA__FIELD_K; i <= KVA__FIELD_SCORE; i++)
-        if (kva__stream_has(c, flags, i)) p += kva__stream_field(c, s->table, s->len, i, l, g, p, NULL);
+        if (kva__stream_has(c, flags, i))
+          p += kva__stream_field(c, kva__layer_table(c, s, l), -1, s->len, i, l, g, p, NULL);
   u64 = kva__stream_checksum(buf, need - 8);
   p = kva__put(p, &u64, 8);
   KVATTN_ASSERT(p == (unsigned char *)buf + need);
@@ -3814,6 +4232,28 @@ static inline int kva__stream_rows_ok(const kva_cache *c, const unsigned char *p
   return 1;
 }
 
+/* A group's released tokens are zeros in a stream (as export writes them),
+   so that every stream import accepts exports back byte for byte. */
+static inline int kva__stream_released_zero(const kva_cache *c, const unsigned char *p, int len, int step,
+                                            unsigned flags) {
+  int l, g, f;
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++)
+      for (f = KVA__FIELD_K; f <= KVA__FIELD_SCORE; f++) {
+        size_t fb = kva__field_bytes(c, f, l), i;
+        if (!kva__stream_has(c, flags, f)) continue;
+        if (c->layer_span[l] >= 0 && f <= KVA__FIELD_V) {
+          const kva__span *sp = &c->spans[c->layer_span[l]];
+          long from = (long)kva__span_sink_blocks(c, sp) * c->bs, to = (long)kva__span_first_block(c, sp, len - step) * c->bs;
+          if (to > len) to = len;
+          for (i = (size_t)from * fb; (long)from < to && i < (size_t)to * fb; i++)
+            if (p[i]) return 0;
+        }
+        p += (size_t)len * fb;
+      }
+  return 1;
+}
+
 /* A new sequence from a kva_seq_export stream. Everything is checked
    before anything changes. */
 KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, int *seq) {
@@ -3845,7 +4285,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
     return KVA_ERR_UNSUPPORTED; /* another cache shape */
   flags = (unsigned)h[6];
   len = h[7], pos = h[8], step = h[9], unstored = h[10];
-  if (h[5] <= 0 || h[6] < 0 || h[6] > 3 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
+  if (h[5] <= 0 || h[6] < 0 || h[6] > 7 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
       h[22] != 0 || h[25] != 0 || unstored >= len || (h[21] == 0 && (h[23] != 0 || h[24] != 0)))
     return KVA_ERR_STREAM;
   for (i = 0; i < 2; i++) {
@@ -3857,9 +4297,17 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
       return KVA_ERR_STREAM;
   }
   /* the layers: types and scales must be this cache's */
-  layer_bytes = (size_t)c->n_layers * (16 + 8 * (size_t)c->G);
+  layer_bytes = (size_t)c->n_layers * (16 + 8 * (size_t)c->G + (flags & KVA__STREAM_SPANS ? 16 : 0));
   if (size - KVA__STREAM_HEADER - 8 < layer_bytes) return KVA_ERR_STREAM;
   lay = in + KVA__STREAM_HEADER;
+  if (!(flags & KVA__STREAM_SPANS) != !c->n_spans) return KVA_ERR_UNSUPPORTED; /* another layer pattern */
+  for (l = 0; l < c->n_layers && c->n_spans; l++) {
+    int32_t span[4];
+    kva__layer_span_record(c, l, span);
+    for (i = 0; i < 4; i++)
+      if (kva__get_i32(lay + (size_t)c->n_layers * (16 + 8 * (size_t)c->G) + 16 * (size_t)l + 4 * (size_t)i) != span[i])
+        return KVA_ERR_UNSUPPORTED;
+  }
   first_unstored = unstored < 0 ? INT_MAX : unstored;
   for (l = 0; l < c->n_layers; l++) {
     const unsigned char *L = lay + (size_t)l * (16 + 8 * (size_t)c->G);
@@ -3879,7 +4327,15 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
   if (kva__stream_size(c, len, flags, n_prefix) != size) return KVA_ERR_STREAM;
   if (pos != len && !(flags & KVA__STREAM_POS)) return KVA_ERR_STREAM; /* evicted without positions */
   rows = lay + layer_bytes + 4 * (size_t)n_prefix;
-  if (!kva__stream_rows_ok(c, rows, len, pos, step, flags)) return KVA_ERR_STREAM;
+  if (!kva__stream_rows_ok(c, rows, len, pos, step, flags) || !kva__stream_released_zero(c, rows, len, step, flags))
+    return KVA_ERR_STREAM;
+  for (i = 0; i < c->n_spans; i++) { /* a group holds what the step's queries may see */
+    int first = kva__span_first_block(c, &c->spans[i], len - step), sinks = kva__span_sink_blocks(c, &c->spans[i]);
+    int n_blocks = kva__blocks_for(c, len), held;
+    if (first > n_blocks) first = n_blocks;
+    held = n_blocks - (first > sinks ? first - sinks : 0);
+    if (held > kva__span_avail(&c->spans[i])) return KVA_ERR_FULL;
+  }
   /* what this cache must keep for it */
   for (i = 0; i < 2; i++)
     if ((ev[i].kind == KVA_EVICT_H2O && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
@@ -3893,13 +4349,22 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
 
   /* commit */
   while (s->n_blocks < kva__blocks_for(c, len)) s->table[s->n_blocks++] = kva__block_take(c);
+  for (i = 0; i < c->n_spans; i++) {
+    kva__span *sp = &c->spans[i];
+    int first = kva__span_first_block(c, sp, len - step), sinks = kva__span_sink_blocks(c, sp), b;
+    int32_t *t = kva__span_table(c, s, i);
+    for (b = 0; b < s->n_blocks; b++) t[b] = b < sinks || b >= first ? kva__span_take(sp) : kva__span_hole(sp);
+    s->span_from[i] = first > sinks ? first : sinks;
+  }
   for (l = 0; l < c->n_layers; l++)
     for (g = 0; g < c->G; g++) {
       int f;
       for (f = KVA__FIELD_K; f <= KVA__FIELD_SCORE; f++) {
         if (kva__stream_has(c, flags, f)) { /* the stream has it; the cache may not keep it */
           int keeps = f <= KVA__FIELD_V || (f == KVA__FIELD_POS ? c->block_pos != NULL : c->block_score != NULL);
-          rows += keeps ? kva__stream_field(c, s->table, len, f, l, g, NULL, rows) : (size_t)len * 4;
+          int32_t hole = c->layer_span[l] >= 0 ? kva__span_hole(&c->spans[c->layer_span[l]]) : -1;
+          rows += keeps ? kva__stream_field(c, kva__layer_table(c, s, l), hole, len, f, l, g, NULL, rows)
+                        : (size_t)len * 4;
         } else if (f == KVA__FIELD_POS && c->block_pos) {
           for (i = 0; i < len; i++) *kva__pos_ptr(c, l, s->table[i / c->bs], g, i % c->bs) = i;
         } else if (f == KVA__FIELD_SCORE && c->block_score) {
@@ -3955,7 +4420,7 @@ KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offse
   if (done[1] > done[0] && (offset > done[1] || offset + n_tokens < done[0])) return KVA_ERR_ARG;
   for (t = 0; t < n_tokens; t++) {
     int slot = s->len - s->last_append + offset + t, in_block;
-    int32_t b = kva__slot_block(c, s, slot, &in_block);
+    int32_t b = kva__slot_block(c, s, layer, slot, &in_block);
     for (g = 0; g < c->G; g++) {
       kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
                      k + (size_t)t * ks + (size_t)g * (size_t)c->D, c->D,
@@ -4003,6 +4468,28 @@ static inline int kva__store_completes(const kva__seq *s, int layer, int n) {
   return n == s->last_append || (done[1] > done[0] && done[0] == 0 && done[1] >= s->last_append - n);
 }
 
+/* A WINDOW / CHUNK group's layer attends within its span: the call may
+   narrow it (a window and sinks no larger, any chunk on a WINDOW group, a
+   window on a CHUNK group) but not see more; without its own, the group's. */
+static inline kva_status kva__layer_span_params(const kva_cache *c, int layer, kva__attn_params *P) {
+  const kva__span *sp;
+  if (c->layer_span[layer] < 0) return KVA_OK;
+  sp = &c->spans[c->layer_span[layer]];
+  if (sp->kind == KVA_SPAN_WINDOW) {
+    if (P->window == 0) {
+      if (P->n_sink > sp->n_sink) return KVA_ERR_ARG;
+      P->window = sp->window;
+      P->n_sink = sp->n_sink;
+    } else if (P->window > sp->window || P->n_sink > sp->n_sink) {
+      return KVA_ERR_ARG;
+    }
+  } else {
+    if (P->chunk != 0 && P->chunk != sp->chunk) return KVA_ERR_ARG;
+    P->chunk = sp->chunk;
+  }
+  return KVA_OK;
+}
+
 static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int layer, kva__kv_view *w) {
   memset(w, 0, sizeof *w);
   w->paged = 1;
@@ -4018,7 +4505,8 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->v_off = c->v_off[layer];
   w->k_row = c->k_row[layer];
   w->v_row = c->v_row[layer];
-  w->table = s->table;
+  w->table = kva__layer_table(c, s, layer);
+  w->slots_are_positions = s->pos == s->len; /* nothing evicted */
   w->block_pos = c->block_pos ? c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs : NULL;
   w->block_size = c->bs;
   w->n_kv_heads = c->G;
@@ -4037,6 +4525,7 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   if (!c || layer < 0 || layer >= c->n_layers || n_q < 0) return KVA_ERR_ARG;
   if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
   if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
+  if (kva__layer_span_params(c, layer, &P) != KVA_OK) return KVA_ERR_ARG;
   if (n_q > 0 && (!q || !out)) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
@@ -4085,6 +4574,7 @@ typedef struct {
 
 struct kva_batch {
   kva__attn_params P;
+  kva__attn_params layer_P;        /* the prepared layer's: P within its group's span */
   int n_threads, n_seqs, n_units, n_merges, splits_max;
   int layer;                       /* the prepared layer, -1: none (kva_batch_prepare) */
   const float *q;                  /* the prepared layer's rows */
@@ -4271,6 +4761,8 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   if (!c || !b || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
   P = &b->P;
   if (P->G != c->G || P->D != c->D || P->DV != c->DV) return KVA_ERR_ARG;
+  b->layer_P = *P;
+  if (kva__layer_span_params(c, layer, &b->layer_P) != KVA_OK) return KVA_ERR_ARG;
   if (b->n_units > 0 && (!q || !out)) return KVA_ERR_ARG;
   for (i = 0; i < b->n_seqs; i++) { /* a stale plan: the sequence moved on (argument errors first) */
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
@@ -4304,7 +4796,7 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
   size_t part;
   int u;
   if (!b || b->layer < 0 || begin < 0 || end < begin || end > b->n_units) return KVA_ERR_ARG;
-  P = &b->P;
+  P = &b->layer_P;
   part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1);
   for (u = begin; u < end; u++) {
     const kva__unit *un = &b->units[u];
@@ -4334,7 +4826,7 @@ KVA_API kva_status kva_batch_run_merges(kva_batch *b, int begin, int end) {
   size_t part;
   int i;
   if (!b || b->layer < 0 || begin < 0 || end < begin || end > b->n_merges) return KVA_ERR_ARG;
-  P = &b->P;
+  P = &b->layer_P;
   part = (size_t)KVA__MAXROWS * ((size_t)P->DV + 1);
   for (i = begin; i < end; i++) { /* a merge's parts are consecutive */
     const kva__unit *un = &b->units[b->merge_unit[i]];
@@ -4381,7 +4873,9 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   if (slot >= s->len) return KVA_ERR_ARG;
-  b = kva__slot_block(c, s, slot, &in_block);
+  b = kva__slot_block(c, s, layer, slot, &in_block);
+  if (c->layer_span[layer] >= 0 && b == kva__span_hole(&c->spans[c->layer_span[layer]]))
+    return KVA_ERR_UNSUPPORTED; /* the layer's group released that token: no query can see it */
   for (g = 0; g < c->G; g++) {
     if (k)
       kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D,
@@ -4454,6 +4948,7 @@ KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq
   if (((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0) return KVA_ERR_ARG;
   if (kva__attn_resolve(&L->attn, &P) != KVA_OK || L->attn.v_dim != 0) return KVA_ERR_ARG;
   if (P.G != c->G || P.D != c->D || P.DV != c->DV || c->kind != KVA_CACHE_KV) return KVA_ERR_ARG;
+  if (kva__layer_span_params(c, layer, &P) != KVA_OK) return KVA_ERR_ARG;
   if (kva__rope_check(&L->rope, P.D, &dim) != KVA_OK) return KVA_ERR_ARG;
   if (!L->wq || !L->wk || !L->wv || !L->wo || (n_tokens > 0 && (!x || !y))) return KVA_ERR_ARG;
   s = kva__seq_get(c, seq);
@@ -4651,7 +5146,7 @@ static inline kva_status kva__mla_attend_naive(const kva_mla_layer *L, kva_cache
   if (st == KVA_OK && s->evict.kind == KVA_EVICT_H2O)
     for (j = 0; j < len; j++) {
       int in_block;
-      int32_t b = kva__slot_block(c, s, j, &in_block);
+      int32_t b = kva__slot_block(c, s, layer, j, &in_block);
       float add = 0.0f;
       for (t = 0; t < n_tokens; t++)
         for (h = 0; h < H; h++) {
@@ -4682,6 +5177,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   if (n_tokens == 0) return KVA_OK;
   if (n_tokens > s->last_append) return KVA_ERR_ARG;
   if (!kva__store_completes(s, layer, n_tokens)) return KVA_ERR_NOT_STORED;
+  if (L->naive && c->layer_span[layer] >= 0) return KVA_ERR_UNSUPPORTED; /* it reads every token back */
 
   H = L->n_heads; d_latent = L->d_latent; d_nope = L->d_nope; d_rope = L->d_rope;
   q_width = d_nope + d_rope;
