@@ -5253,6 +5253,16 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   st->bytes_total = c->block_bytes * (size_t)c->n_blocks;
   st->bytes_meta = c->bytes_meta;
   st->bytes_footprint = c->alloc_bytes;
+  st->bytes_used = c->block_bytes * (size_t)c->n_used;
+  for (i = 0; i < c->n_spans; i++) { /* a group's blocks; the hole is bookkeeping */
+    const kva__span *sp = &c->spans[i];
+    int used = sp->n_blocks - sp->n_free - sp->n_spare;
+    st->group_blocks += sp->n_blocks;
+    st->group_blocks_used += used;
+    st->bytes_total += sp->block_bytes * (size_t)sp->n_blocks;
+    st->bytes_used += sp->block_bytes * (size_t)used;
+    st->bytes_meta += sp->block_bytes;
+  }
   for (i = 0; i < c->max_seqs; i++)
     if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
 }

@@ -16,6 +16,8 @@
      bench_paged.c            paged: decode against block size and layout
      bench_paged_alloc.c      paged: request trace, prefix caching, block operations
      bench_mla.c              mla: absorbed against naive MLA decode
+     bench_hybrid.c           paged: layer groups (hybrid local/global models): memory against
+                              a full cache per model pattern, a Gemma 3 decode step
      bench_seq.c              paged: sequence export / import against memcpy; speed: tree
                               attention (16 drafts) against 16 decode steps, kva_seq_accept
    The Makefile compiles every .c file in bench/ into build/kvattn_bench (kvattn.h's functions are
@@ -277,7 +279,8 @@ typedef void (*part_fn)(const opts *o, const machine *m);
   X(TRACE, "trace", "paged", paged_trace)               \
   X(PREFIX, "prefix", "paged", paged_prefix)            \
   X(OPS, "ops", "paged", paged_ops)                     \
-  X(EXPORT, "export", "paged", paged_export)
+  X(EXPORT, "export", "paged", paged_export)            \
+  X(HYBRID, "hybrid", "paged", paged_hybrid)
 
 #define X_PART_BIT(id, name, cmd, fn) PART_BIT_##id,
 #define X_PART_MASK(id, name, cmd, fn) PART_##id = 1u << PART_BIT_##id,

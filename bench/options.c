@@ -64,7 +64,12 @@ static void usage(void) {
       "              (part prefix); block operations per second (part ops); kva_seq_export and\n"
       "              kva_seq_import of one sequence of the largest --ctx tokens (GQA, 2 layers; f16 and\n"
       "              int8, or --dtypes) in GB/s against a memcpy of the stream, the import checked to\n"
-      "              continue bit-identically (part export)\n"
+      "              continue bit-identically (part export); layer groups for hybrid local/global models\n"
+      "              (Gemma 2, Gemma 3, GPT-OSS, Llama 4 patterns): a sequence's bytes at 4K/32K/128K\n"
+      "              (or --ctx) against a full cache, and a decode step of one Gemma 3 pattern period\n"
+      "              against a full cache with and without the same masks (part hybrid)\n"
+      , stdout);
+  fputs(
       "  plot-data   CSV for bench/plot.gp: memory against context and decode time against context\n"
       "              (1K..32K tokens; --sweep: 1K..128K, f16, cold and warm); with --out DIR writes\n"
       "              DIR/bench.csv and draws DIR/*.png if gnuplot is installed. `make plot\n"
