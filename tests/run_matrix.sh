@@ -477,6 +477,9 @@ s_bench_smoke() {
     echo "$out" | tail -5
     grep -q 'all checks passed' <<<"$out" || { echo "*** no 'all checks passed' line"; return 1; }
     x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null || return 1
+    # layer groups: the hybrid cache's decode equals the masked full cache's bit for bit
+    out=$("$BUILD/bench/kvattn_bench" paged --parts hybrid --quick --quiet 2>&1) || { echo "$out" | tail -20; return 1; }
+    grep -q 'all checks passed' <<<"$out" || { echo "*** paged hybrid: no 'all checks passed' line"; return 1; }
     # the trained model of bench/model/: every KV-cache configuration over 2 windows and 3 passkey
     # cases; the part's own checks (f32 run twice bit-identical: KL 0; f16 KL < 1e-3; losses finite;
     # bytes per token; eviction budgets) must pass
