@@ -231,7 +231,8 @@ typedef enum {
   KVA_BF16,
   KVA_INT8,
   KVA_FP8_E4M3,
-  KVA_FP8_E5M2
+  KVA_FP8_E5M2,
+  KVA_INT4 /* groups of 32 values along the head dimension, asymmetric: a scale and a minimum each */
 } kva_dtype;
 
 /* Attention shape and options; zero-initialise, then set the sizes. */
@@ -557,6 +558,7 @@ KVA_API const char *kva_dtype_name(kva_dtype t) {
     case KVA_INT8: return "int8";
     case KVA_FP8_E4M3: return "fp8_e4m3";
     case KVA_FP8_E5M2: return "fp8_e5m2";
+    case KVA_INT4: return "int4";
   }
   return "?";
 }
@@ -665,7 +667,8 @@ static const kva__fp8_format kva__e4m3_format = {121u << 23, 141u << 23, 20, 120
 static const kva__fp8_format kva__e5m2_format = {113u << 23, 134u << 23, 21, 112u << 23, 0x7b, 0x7f, 1};
 
 
-/* Bytes of one stored element; 0 for types that cannot be cache storage. */
+/* Bytes of one stored element; 0 for types that cannot be cache storage
+   (and for INT4, whose rows kva__row_bytes measures). */
 static inline size_t kva__dtype_size(kva_dtype t) {
   switch (t) {
     case KVA_F32: return 4;
@@ -673,6 +676,22 @@ static inline size_t kva__dtype_size(kva_dtype t) {
     case KVA_INT8: case KVA_FP8_E4M3: case KVA_FP8_E5M2: return 1;
     default: return 0;
   }
+}
+
+/* INT4 rows are groups of 32 values, each [f32 scale][f32 min][16 bytes of
+   codes, two per byte, the lower element in the low nibble]; a last,
+   shorter group has the codes it needs. Element i: group i / 32 at byte
+   24 * (i / 32), so a prefix of a row is a row too (MLA's V). */
+#define KVA__I4_GROUP 32
+#define KVA__I4_GROUP_BYTES 24
+
+/* Bytes of one token of one head of dim values in type t (INT8 with its scale, INT4 with its groups'). */
+static inline size_t kva__row_bytes(kva_dtype t, int dim) {
+  if (t == KVA_INT4) {
+    int rest = dim % KVA__I4_GROUP;
+    return (size_t)(dim / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES + (rest ? 8 + (size_t)(rest + 1) / 2 : 0);
+  }
+  return kva__dtype_size(t) * (size_t)dim + (t == KVA_INT8 ? sizeof(float) : 0);
 }
 
 /* ======================================================================
@@ -717,8 +736,23 @@ static inline size_t kva__dtype_size(kva_dtype t) {
 /* Element i of a row as a float, before the row's scale. E4M3 loads as
    value / 256 (its bits shifted into an F16 exponent, as the vector loaders
    do it); the 256 is in its row scale. */
+/* An INT4 element's group: its scale and minimum, and where its codes start. */
+KVA__FORCEINLINE const uint8_t *kva__i4_group(const void *row, int i, float *scale, float *min) {
+  const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
+  memcpy(scale, g, sizeof *scale);
+  memcpy(min, g + 4, sizeof *min);
+  return g + 8;
+}
+KVA__FORCEINLINE float kva__load1_i4(const void *row, int i) {
+  float s, mn;
+  const uint8_t *codes = kva__i4_group(row, i, &s, &mn);
+  int c = (codes[(i % KVA__I4_GROUP) / 2] >> (4 * (i & 1))) & 15;
+  return (float)c * s + mn; /* (no fused multiply-add: the vector loaders round the same way) */
+}
+
 KVA__FORCEINLINE float kva__load1(const kva_dtype t, const void *row, int i) {
   switch (t) {
+    case KVA_INT4: return kva__load1_i4(row, i);
     case KVA_F16: return kva_f16_to_f32(((const uint16_t *)row)[i]);
     case KVA_BF16: return kva_bf16_to_f32(((const uint16_t *)row)[i]);
     case KVA_INT8: return (float)((const int8_t *)row)[i];
@@ -863,9 +897,24 @@ static inline void kva__fp8_encode_scalar(uint8_t *dst, const float *src, size_t
 
 /* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
    shifted into an F16 give value / 256. */
+/* 8 INT4 elements from i (a multiple of 8): byte k's nibbles go to lanes 2k, 2k+1 */
+KVA__FORCEINLINE __m256 kva__load8_i4_avx2(const void *row, int i) {
+  float s, mn;
+  const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
+  uint32_t w;
+  __m128i b;
+  __m256i c;
+  memcpy(&w, codes, 4);
+  b = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0));
+  c = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+  c = _mm256_and_si256(c, _mm256_set1_epi32(15));
+  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(s)), _mm256_set1_ps(mn));
+}
+
 KVA__FORCEINLINE __m256 kva__load8_avx2(const kva_dtype t, const void *row, int i) {
   const uint8_t *b = (const uint8_t *)row + i;
   switch (t) {
+    case KVA_INT4: return kva__load8_i4_avx2(row, i);
     case KVA_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
     case KVA_BF16:
       return _mm256_castsi256_ps(
@@ -1122,10 +1171,30 @@ KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
   return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
 }
 
+/* 16 INT4 elements from i (a multiple of 16) that mask m (low lanes) selects; the
+   bytes outside it are not read */
+KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 m) {
+  float s, mn;
+  const uint8_t *codes;
+  unsigned lanes = m, n;
+  __m512i c;
+  if (!m) return _mm512_setzero_ps(); /* (past the row: not even its group) */
+  codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
+  lanes = lanes - ((lanes >> 1) & 0x5555u); /* popcount of 16 bits */
+  lanes = (lanes & 0x3333u) + ((lanes >> 2) & 0x3333u);
+  n = (((lanes + (lanes >> 4)) & 0x0f0fu) * 0x0101u & 0xffffu) >> 8;
+  c = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_maskz_loadu_epi8((__mmask16)((1u << ((n + 1) / 2)) - 1u), codes),
+                                            _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
+  c = _mm512_and_si512(_mm512_srlv_epi32(c, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0)),
+                       _mm512_set1_epi32(15));
+  return _mm512_maskz_add_ps(m, _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(s)), _mm512_set1_ps(mn));
+}
+
 /* the elements of a row from element i that mask m selects (the others 0) */
 KVA__FORCEINLINE __m512 kva__load16_avx512(const kva_dtype t, const void *row, int i, __mmask16 m) {
   const uint8_t *b = (const uint8_t *)row + i;
   switch (t) {
+    case KVA_INT4: return kva__load16_i4_avx512(row, i, m);
     case KVA_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i));
     case KVA_BF16:
       return _mm512_castsi512_ps(
@@ -1328,8 +1397,18 @@ KVA__FORCEINLINE uint16x4_t kva__neon_u8x4(const void *row, int i) {
   return vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))));
 }
 /* 4 elements of a row from element i; FP8 as in kva__load8_avx2 */
+/* 4 INT4 elements from i (a multiple of 4) */
+KVA__FORCEINLINE float32x4_t kva__load4_i4_neon(const void *row, int i) {
+  float s, mn;
+  const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
+  uint32_t KVA__ALIGN(16) c[4];
+  c[0] = codes[0] & 15u, c[1] = (uint32_t)codes[0] >> 4, c[2] = codes[1] & 15u, c[3] = (uint32_t)codes[1] >> 4;
+  return vaddq_f32(vmulq_f32(vcvtq_f32_u32(vld1q_u32(c)), vdupq_n_f32(s)), vdupq_n_f32(mn));
+}
+
 KVA__FORCEINLINE float32x4_t kva__load4_neon(const kva_dtype t, const void *row, int i) {
   switch (t) {
+    case KVA_INT4: return kva__load4_i4_neon(row, i);
     case KVA_F16: return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)row + i)));
     case KVA_BF16: return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)row + i), 16));
     case KVA_INT8: { /* sign-extended from the byte's top bit */
@@ -1586,6 +1665,7 @@ KVA__TILE_KERNELS_FOR(bf16, KVA_BF16)
 KVA__TILE_KERNELS_FOR(i8, KVA_INT8)
 KVA__TILE_KERNELS_FOR(e4m3, KVA_FP8_E4M3)
 KVA__TILE_KERNELS_FOR(e5m2, KVA_FP8_E5M2)
+KVA__TILE_KERNELS_FOR(i4, KVA_INT4)
 
 /* Dispatch on the storage type once per tile. */
 static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
@@ -1597,6 +1677,7 @@ static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, con
     case KVA_INT8: kva__dot_tile_i8(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
     case KVA_FP8_E4M3: kva__dot_tile_e4m3(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
     case KVA_FP8_E5M2: kva__dot_tile_e5m2(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_INT4: kva__dot_tile_i4(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1609,6 +1690,7 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
     case KVA_INT8: kva__vacc_tile_i8(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     case KVA_FP8_E4M3: kva__vacc_tile_e4m3(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     case KVA_FP8_E5M2: kva__vacc_tile_e5m2(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case KVA_INT4: kva__vacc_tile_i4(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1759,6 +1841,40 @@ static inline void kva__quantize_i8(int8_t *dst, const float *src, int n) {
   memcpy(dst - sizeof scale, &scale, sizeof scale);
 }
 
+/* INT4 row (layout at kva__row_bytes): per group, min and max of its finite
+   values, scale = (max - min) / 15, code = round((x - min) / scale) in
+   0..15, so x comes back within half a step (scale / 2). NaN stores code 0
+   (the minimum), +-Inf the largest / smallest code; a group without a finite
+   value stores scale 0 and min 0. */
+static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
+  int g0, i;
+  for (g0 = 0; g0 < n; g0 += KVA__I4_GROUP, dst += KVA__I4_GROUP_BYTES) {
+    int m = n - g0 < KVA__I4_GROUP ? n - g0 : KVA__I4_GROUP;
+    float mn = FLT_MAX, mx = -FLT_MAX, scale;
+    double inv; /* in double: the range may overflow float, 1 / a subnormal scale too */
+    uint8_t *codes = dst + 8;
+    for (i = 0; i < m; i++) {
+      float x = src[g0 + i];
+      if (!(x >= -FLT_MAX && x <= FLT_MAX)) continue;
+      if (x < mn) mn = x;
+      if (x > mx) mx = x;
+    }
+    if (mn > mx) mn = mx = 0.0f;
+    scale = (float)(((double)mx - (double)mn) / 15.0);
+    inv = scale > 0.0f ? 1.0 / (double)scale : 0.0;
+    memset(codes, 0, (size_t)(m + 1) / 2);
+    for (i = 0; i < m; i++) {
+      double v = ((double)src[g0 + i] - (double)mn) * inv;
+      int c;
+      if (!(v == v)) v = 0.0;
+      c = v >= 15.0 ? 15 : v <= 0.0 ? 0 : (int)(v + 0.5);
+      codes[i / 2] = (uint8_t)(codes[i / 2] | c << (4 * (i & 1)));
+    }
+    memcpy(dst, &scale, sizeof scale);
+    memcpy(dst + 4, &mn, sizeof mn);
+  }
+}
+
 /* Stored rows start with INT8's scale; row pointers handed to kernels point at the codes. */
 static inline size_t kva__code_offset(kva_dtype t) { return t == KVA_INT8 ? sizeof(float) : 0; }
 
@@ -1775,6 +1891,7 @@ static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int 
     case KVA_INT8: kva__quantize_i8((int8_t *)dst + sizeof(float), src, n); break;
     case KVA_FP8_E4M3: kva__fp8_encode(b, src, (size_t)n, inv, &kva__e4m3_format); break;
     case KVA_FP8_E5M2: kva__fp8_encode(b, src, (size_t)n, inv, &kva__e5m2_format); break;
+    case KVA_INT4: kva__quantize_i4(b, src, n); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -1794,6 +1911,7 @@ static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n
       break;
     case KVA_FP8_E4M3: for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(((const uint8_t *)src)[i]) * fp8_scale; break;
     case KVA_FP8_E5M2: for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(((const uint8_t *)src)[i]) * fp8_scale; break;
+    case KVA_INT4: for (i = 0; i < n; i++) dst[i] = kva__load1_i4(src, i); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -2117,7 +2235,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   const void *krows_buf[2][KVA__TILE], *vrows_buf[2][KVA__TILE];
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
-  size_t kbytes = (size_t)P->D * kva__dtype_size(w->kt), vbytes = (size_t)P->DV * kva__dtype_size(w->vt);
+  size_t kbytes = kva__row_bytes(w->kt, P->D), vbytes = kva__row_bytes(w->vt, P->DV);
   kva__next_tile next; /* the next tile, prefetched by the first row block's score kernel */
   int t, j0, jn, rb, prefetch_next, read_pos, skip_lo, skip_hi, cb, first_tile = 1;
   KVATTN_ASSERT(nrows <= KVA__MAXROWS);
@@ -2654,12 +2772,8 @@ struct kva_cache {
 };
 
 static inline kva_dtype kva__resolve_dtype(kva_dtype t) { return t == KVA_DTYPE_DEFAULT ? KVA_F16 : t; }
-static inline int kva__dtype_valid(kva_dtype t) { return t >= KVA_DTYPE_DEFAULT && t <= KVA_FP8_E5M2; }
+static inline int kva__dtype_valid(kva_dtype t) { return t >= KVA_DTYPE_DEFAULT && t <= KVA_INT4; }
 
-/* Bytes of one token of one head in type t (with its scale, for INT8). */
-static inline size_t kva__row_bytes(kva_dtype t, int dim) {
-  return kva__dtype_size(t) * (size_t)dim + (t == KVA_INT8 ? sizeof(float) : 0);
-}
 
 /* Storage types of layer l; 0 if the description's types are invalid. */
 static inline int kva__layer_types(const kva_cache_desc *d, int l, kva_dtype *kt, kva_dtype *vt) {
