@@ -294,6 +294,12 @@ typedef enum { KVA_CACHE_KV = 0, KVA_CACHE_LATENT } kva_cache_kind;
    (positions are the slots). */
 typedef enum { KVA_EVICT_SUPPORT_ALL = 0, KVA_EVICT_SUPPORT_WINDOW, KVA_EVICT_SUPPORT_NONE } kva_evict_support;
 
+/* kva_cache_desc.rotate: which rows a cache stores rotated. The transform is
+   the Sylvester Hadamard matrix scaled by 1/sqrt(n), orthonormal and its own
+   inverse: over a whole head when head_dim (v_dim) is a power of two up to
+   1024, else over each group of 32 values (a last shorter group as is). */
+enum { KVA_ROTATE_K = 1, KVA_ROTATE_V = 2 };
+
 /* Layer groups (hybrid local/global models): the layers of a group share an
    attention span, and a WINDOW or CHUNK group keeps only the tokens its
    layers can still see, in a pool of its own, returning the rest as the
@@ -329,6 +335,9 @@ typedef struct {
   int evict_support;              /* a kva_evict_support; 0 => ALL */
   int prefix_max_age;             /* 0 => none; else a published block unused for this many
                                      kva_seq_append calls (cache-wide) is forgotten */
+  int rotate;                     /* 0 => off; else KVA_ROTATE_K | KVA_ROTATE_V: those rows are stored
+                                     times an orthonormal Walsh-Hadamard transform (queries and outputs
+                                     follow), spreading outlier channels before quantization (KV only) */
   int n_groups;                   /* 0 => one FULL group; else groups[n_groups], at most KVA_MAX_GROUPS */
   const kva_layer_group *groups;
   const int *layer_group;         /* NULL => every layer in group 0; else [n_layers] group indices.
@@ -2739,6 +2748,7 @@ struct kva_cache {
   kva_cache_kind kind;
   int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live; /* max_table: blocks one sequence may hold */
   int evict_support;        /* a kva_evict_support */
+  int rotate;               /* KVA_ROTATE_K | KVA_ROTATE_V */
   float *k_fp8, *v_fp8;     /* [n_layers][G] FP8 scales (1 where not FP8; LATENT: v_fp8 = k_fp8) */
   kva_dtype *kt, *vt;       /* [n_layers] */
   size_t *k_row, *v_row;    /* [n_layers] bytes of one token of one head */
@@ -3021,6 +3031,8 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   if (d->evict_support < KVA_EVICT_SUPPORT_ALL || d->evict_support > KVA_EVICT_SUPPORT_NONE) return KVA_ERR_ARG;
   if ((d->alloc_fn == NULL) != (d->free_fn == NULL)) return KVA_ERR_ARG;
   if (d->n_blocks == 0 && d->max_bytes == 0) return KVA_ERR_ARG;
+  if (d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V)) return KVA_ERR_ARG;
+  if (d->rotate && d->kind == KVA_CACHE_LATENT) return KVA_ERR_UNSUPPORTED; /* V is a prefix of K there */
   memset(shape, 0, sizeof *shape);
   shape->kind = (kva_cache_kind)d->kind;
   shape->n_layers = d->n_layers;
@@ -3030,6 +3042,7 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   shape->bs = d->block_size ? d->block_size : 16;
   shape->max_seqs = d->max_seqs ? d->max_seqs : 256;
   shape->evict_support = d->evict_support;
+  shape->rotate = d->rotate;
   if (shape->bs > (1 << 20) || shape->max_seqs > (1 << 20)) return KVA_ERR_ARG;
   if (kva__desc_spans(d, shape) != KVA_OK) return KVA_ERR_ARG;
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
@@ -4105,7 +4118,8 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
      header   magic "kvattnSQ", u32 version (1), u32 byte-order mark
               0x01020304, u64 stream size; u32 kind, n_layers, n_kv_heads,
               head_dim, v_dim, block_size (the writer's), flags (1: positions,
-              2: H2O scores follow the rows, 4: spans); i32 len, pos, the step's token
+              2: H2O scores follow the rows, 4: spans, 8 / 16: K / V rows
+              stored rotated); i32 len, pos, the step's token
               count, first unstored slot (-1: none); the active and the next
               eviction policy (5 x i32 each: kind, budget, n_sink, n_recent,
               rollback); i32 prefix tokens, u32 0, u64 prefix salt
@@ -4126,6 +4140,7 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
 #define KVA__STREAM_POS 1u
 #define KVA__STREAM_SCORES 2u
 #define KVA__STREAM_SPANS 4u
+#define KVA__STREAM_ROTATE_SHIFT 3 /* flags 8, 16: rows stored rotated (kva_cache_desc.rotate K, V) */
 #define KVA__STREAM_HEADER 128 /* bytes before the layers */
 
 /* 64-bit checksum: four lanes of 8-byte words, each step a bijection of the
@@ -4250,7 +4265,7 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   s = kva__seq_get(c, seq);
   if (!s) return KVA_ERR_SEQ;
   flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u) |
-          (c->n_spans ? KVA__STREAM_SPANS : 0u);
+          (c->n_spans ? KVA__STREAM_SPANS : 0u) | (unsigned)c->rotate << KVA__STREAM_ROTATE_SHIFT;
   n_prefix = kva__seq_prefix_blocks(c, s) * c->bs;
   need = kva__stream_size(c, s->len, flags, n_prefix);
   if (need == (size_t)-1) return KVA_ERR_NOMEM;
@@ -4399,7 +4414,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
     return KVA_ERR_UNSUPPORTED; /* another cache shape */
   flags = (unsigned)h[6];
   len = h[7], pos = h[8], step = h[9], unstored = h[10];
-  if (h[5] <= 0 || h[6] < 0 || h[6] > 7 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
+  if (h[5] <= 0 || h[6] < 0 || h[6] > 31 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
       h[22] != 0 || h[25] != 0 || unstored >= len || (h[21] == 0 && (h[23] != 0 || h[24] != 0)))
     return KVA_ERR_STREAM;
   for (i = 0; i < 2; i++) {
@@ -4415,6 +4430,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
   if (size - KVA__STREAM_HEADER - 8 < layer_bytes) return KVA_ERR_STREAM;
   lay = in + KVA__STREAM_HEADER;
   if (!(flags & KVA__STREAM_SPANS) != !c->n_spans) return KVA_ERR_UNSUPPORTED; /* another layer pattern */
+  if ((int)(flags >> KVA__STREAM_ROTATE_SHIFT) != c->rotate) return KVA_ERR_UNSUPPORTED; /* another basis */
   for (l = 0; l < c->n_layers && c->n_spans; l++) {
     int32_t span[4];
     kva__layer_span_record(c, l, span);
@@ -4510,6 +4526,46 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
    [9] cache store / attend / read, batched attention
    ====================================================================== */
 
+/* --- rotation (kva_cache_desc.rotate) --- */
+
+/* x (n a power of two) times the Hadamard matrix scaled by 1/sqrt(n) */
+static inline void kva__fwht(float *x, int n) {
+  float s = (float)(1.0 / sqrt((double)n));
+  int h, i, j;
+  for (h = 1; h < n; h *= 2)
+    for (i = 0; i < n; i += 2 * h)
+      for (j = i; j < i + h; j++) {
+        float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  for (i = 0; i < n; i++) x[i] *= s;
+}
+/* A row of n values in the rotated basis and back (the transform is its own
+   inverse): whole for a power of two up to 1024, else per group of 32. */
+static inline void kva__rotate_row(float *x, int n) {
+  int g;
+  if (n <= 1024 && (n & (n - 1)) == 0) {
+    kva__fwht(x, n);
+    return;
+  }
+  for (g = 0; g + 32 <= n; g += 32) kva__fwht(x + g, 32);
+}
+/* Rows t < n_q, heads h < H of width w at x + t * stride + h * w, rotated in place. */
+static inline void kva__rotate_rows(float *x, int n_q, int H, int w, size_t stride) {
+  int t, h;
+  for (t = 0; t < n_q; t++)
+    for (h = 0; h < H; h++) kva__rotate_row(x + (size_t)t * stride + (size_t)h * (size_t)w, w);
+}
+/* The query rows of an item's rows [row0, row0 + nrows) of KV head g (row r:
+   query r / R, head g * R + r % R) in out, rotated back in place. */
+static inline void kva__rotate_item(const kva__attn_params *P, float *out, int g, int row0, int nrows) {
+  int r;
+  for (r = row0; r < row0 + nrows; r++)
+    kva__rotate_row(out + (size_t)(r / P->R) * P->o_stride + (size_t)(g * P->R + r % P->R) * (size_t)P->DV, P->DV);
+}
+#define KVA__ROTATE_STACK 4096 /* floats of rotated queries on the stack: a decode step of 32 heads of 128 */
+
 /* Write K (and V) of n_tokens of the step's newest tokens of `layer`, from
    the step's token `offset` on. Token t's heads [n_kv_heads][head_dim] start
    at k + t * k_stride (v + t * v_stride: [n_kv_heads][v_dim]; NULL for
@@ -4520,7 +4576,11 @@ KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offse
   int32_t *done;
   int t, g;
   size_t ks, vs;
+  float stack_row[1024], *tmp = NULL;
+  size_t row_bytes;
+  kva__heap heap;
   if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || offset < 0) return KVA_ERR_ARG;
+  row_bytes = (size_t)(c->D > c->DV ? c->D : c->DV) * sizeof(float);
   if (n_tokens > 0 && (!k || (c->kind == KVA_CACHE_KV && !v))) return KVA_ERR_ARG;
   if (k_stride < 0 || v_stride < 0 || (k_stride && k_stride < c->G * c->D) || (v_stride && v_stride < c->G * c->DV))
     return KVA_ERR_ARG;
@@ -4532,19 +4592,34 @@ KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offse
   if (n_tokens > s->last_append || offset > s->last_append - n_tokens) return KVA_ERR_ARG;
   done = s->stored + 2 * layer; /* what is stored stays one range: this chunk must touch it */
   if (done[1] > done[0] && (offset > done[1] || offset + n_tokens < done[0])) return KVA_ERR_ARG;
+  heap.alloc_fn = c->alloc_fn, heap.free_fn = c->free_fn, heap.user = c->user;
+  if (c->rotate) { /* a row at a time, rotated first */
+    tmp = row_bytes <= sizeof stack_row ? stack_row : (float *)kva__heap_take(&heap, row_bytes);
+    if (!tmp) return KVA_ERR_NOMEM;
+  }
   for (t = 0; t < n_tokens; t++) {
     int slot = s->len - s->last_append + offset + t, in_block;
     int32_t b = kva__slot_block(c, s, layer, slot, &in_block);
     for (g = 0; g < c->G; g++) {
-      kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
-                     k + (size_t)t * ks + (size_t)g * (size_t)c->D, c->D,
+      const float *kr = k + (size_t)t * ks + (size_t)g * (size_t)c->D, *vr = v + (size_t)t * vs + (size_t)g * (size_t)c->DV;
+      if (c->rotate & KVA_ROTATE_K) {
+        memcpy(tmp, kr, (size_t)c->D * sizeof(float));
+        kva__rotate_row(tmp, c->D);
+        kr = tmp;
+      }
+      kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block), kr, c->D,
                      c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
-      if (c->kind == KVA_CACHE_KV)
-        kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
-                       v + (size_t)t * vs + (size_t)g * (size_t)c->DV, c->DV,
-                       c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
+      if (c->kind != KVA_CACHE_KV) continue;
+      if (c->rotate & KVA_ROTATE_V) {
+        memcpy(tmp, vr, (size_t)c->DV * sizeof(float));
+        kva__rotate_row(tmp, c->DV);
+        vr = tmp;
+      }
+      kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block), vr, c->DV,
+                     c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     }
   }
+  if (tmp && tmp != stack_row) kva__heap_give(&heap, tmp, row_bytes);
   if (done[1] <= done[0]) {
     done[0] = offset;
     done[1] = offset + n_tokens;
@@ -4653,12 +4728,27 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   w.tree_n = n_q;
   {
     float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
+    float rq_stack[KVA__ROTATE_STACK], *rq = NULL;
+    size_t rq_floats = (size_t)n_q * (size_t)P.H * (size_t)P.D;
     kva__heap from_cache;
     from_cache.alloc_fn = c->alloc_fn;
     from_cache.free_fn = c->free_fn;
     from_cache.user = c->user;
+    if (c->rotate & KVA_ROTATE_K) { /* the queries in the keys' basis, packed */
+      int t;
+      rq = rq_floats <= KVA__ROTATE_STACK ? rq_stack : (float *)kva__heap_take(&from_cache, rq_floats * sizeof(float));
+      if (!rq) return KVA_ERR_NOMEM;
+      for (t = 0; t < n_q; t++)
+        memcpy(rq + (size_t)t * (size_t)P.H * (size_t)P.D, q + (size_t)t * P.q_stride,
+               (size_t)P.H * (size_t)P.D * sizeof(float));
+      kva__rotate_rows(rq, n_q, P.H, P.D, (size_t)P.H * (size_t)P.D);
+      q = rq;
+      P.q_stride = (size_t)P.H * (size_t)P.D;
+    }
     kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
                     KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
+    if (rq && rq != rq_stack) kva__heap_give(&from_cache, rq, rq_floats * sizeof(float));
+    if (c->rotate & KVA_ROTATE_V) kva__rotate_rows(out, n_q, P.H, P.DV, P.o_stride); /* back from V's basis */
   }
   return KVA_OK;
 }
@@ -4696,6 +4786,8 @@ struct kva_batch {
   int *seq_id, *n_q, *len, *pos, *evict_kind, *q_row; /* per sequence; q_row: first query row in q / out */
   int32_t *tree_parent;            /* NULL, or [sum n_q]: each sequence's tree (kva_attn.tree_parent) */
   float *sinks;                    /* NULL, or [n_heads]: the plan's copy of kva_attn.sink_logits */
+  int rotate;                      /* the cache's kva_cache_desc.rotate when planned */
+  float *rotated_q;                /* rotate & KVA_ROTATE_K: [sum n_q][n_heads][head_dim] the prepared q, rotated */
   int *merge_unit;                 /* per merged item: its first unit (its parts follow) */
   int *merge_splits;
   kva__unit *units;
@@ -4749,7 +4841,7 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
 /* A plan's one block: the struct, then its per-sequence, per-unit and
    per-merge arrays and the split-K partials. */
 static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, int n_units, int n_merges,
-                                     size_t part_floats, size_t tree_nodes, size_t sinks) {
+                                     size_t part_floats, size_t tree_nodes, size_t sinks, size_t q_floats) {
   size_t seqs = (size_t)n_seqs, merges = (size_t)n_merges;
   kva__carve(L, 1, sizeof(kva_batch));
   b->views = (kva__kv_view *)kva__carve(L, seqs, sizeof(kva__kv_view));
@@ -4765,6 +4857,7 @@ static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, i
   b->parts = (float *)kva__carve(L, part_floats, sizeof(float));
   b->tree_parent = tree_nodes ? (int32_t *)kva__carve(L, tree_nodes, sizeof(int32_t)) : NULL;
   b->sinks = sinks ? (float *)kva__carve(L, sinks, sizeof(float)) : NULL;
+  b->rotated_q = q_floats ? (float *)kva__carve(L, q_floats, sizeof(float)) : NULL;
 }
 
 /* A plan for the step, built in `old`'s block when it is large enough (old
@@ -4773,7 +4866,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
                                           int n_seqs, kva_batch *old, kva_batch **out) {
   kva__attn_params P;
   kva__layout L;
-  size_t part = 0;
+  size_t part = 0, q_floats;
   int i, n_units = 0, n_parts = 0, n_merges = 0, items_total = 0, rows_total = 0, u, pi, mi;
   unsigned char *mem;
   kva_batch *b, sizing, block;
@@ -4796,8 +4889,9 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     kva__plan_seq(NULL, &P, kva__seq_get(c, seqs[i]), i, n_q[i], items_total, &n_units, &n_parts, &n_merges);
   part = (size_t)KVA__MAXROWS * ((size_t)P.DV + 1);
   L.base = NULL, L.size = 0, L.overflow = 0;
+  q_floats = c->rotate & KVA_ROTATE_K ? (size_t)rows_total * (size_t)P.H * (size_t)P.D : 0;
   kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part,
-                    a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0);
+                    a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0, q_floats);
   if (L.overflow) return KVA_ERR_NOMEM;
   if (old && L.size <= old->bytes) { /* rebuild in place: the block keeps its size and owner */
     block = *old;
@@ -4814,7 +4908,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   memset(b, 0, sizeof *b);
   L.base = mem, L.size = 0;
   kva__batch_layout(&L, b, n_seqs, n_units, n_merges, (size_t)n_parts * part,
-                    a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0);
+                    a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0, q_floats);
   if (a->tree_parent && rows_total > 0) /* the plan keeps its own copy: the caller's may change */
     memcpy(b->tree_parent, a->tree_parent, (size_t)rows_total * sizeof(int32_t));
   b->bytes = block.bytes;
@@ -4826,6 +4920,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     b->P.sinks = b->sinks;
   }
   b->n_threads = a->n_threads;
+  b->rotate = c->rotate;
   b->n_seqs = n_seqs;
   b->n_units = n_units;
   b->n_merges = n_merges;
@@ -4876,7 +4971,7 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   P = &b->P;
   if (P->G != c->G || P->D != c->D || P->DV != c->DV) return KVA_ERR_ARG;
   b->layer_P = *P;
-  if (kva__layer_span_params(c, layer, &b->layer_P) != KVA_OK) return KVA_ERR_ARG;
+  if (kva__layer_span_params(c, layer, &b->layer_P) != KVA_OK || b->rotate != c->rotate) return KVA_ERR_ARG;
   if (b->n_units > 0 && (!q || !out)) return KVA_ERR_ARG;
   for (i = 0; i < b->n_seqs; i++) { /* a stale plan: the sequence moved on (argument errors first) */
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
@@ -4897,6 +4992,15 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   }
   b->layer = layer;
   b->q = q, b->out = out, b->lse = lse;
+  if (b->rotated_q) { /* the queries in the keys' basis, packed */
+    int rows = b->n_seqs > 0 ? b->q_row[b->n_seqs - 1] + b->n_q[b->n_seqs - 1] : 0, t;
+    for (t = 0; t < rows; t++)
+      memcpy(b->rotated_q + (size_t)t * (size_t)P->H * (size_t)P->D, q + (size_t)t * P->q_stride,
+             (size_t)P->H * (size_t)P->D * sizeof(float));
+    kva__rotate_rows(b->rotated_q, rows, P->H, P->D, (size_t)P->H * (size_t)P->D);
+    b->q = b->rotated_q;
+    b->layer_P.q_stride = (size_t)P->H * (size_t)P->D;
+  }
   return KVA_OK;
 }
 
@@ -4923,6 +5027,7 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
       if (un->part < 0) {
         kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, os, ls, 0);
+        if (b->rotate & KVA_ROTATE_V) kva__rotate_item(P, os, un->g, c0, nrows); /* back from V's basis */
       } else {
         float *po = b->parts + (size_t)un->part * part;
         kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, po,
@@ -4949,6 +5054,9 @@ KVA_API kva_status kva_batch_run_merges(kva_batch *b, int begin, int end) {
                     b->parts + (size_t)un->part * part, part, KVA__MAXROWS, b->merge_splits[i],
                     b->out + (size_t)b->q_row[un->seq] * P->o_stride,
                     b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL);
+    if (b->rotate & KVA_ROTATE_V) /* back from V's basis */
+      kva__rotate_item(P, b->out + (size_t)b->q_row[un->seq] * P->o_stride, un->g, un->row0,
+                       rows - un->row0 < KVA__MAXROWS ? rows - un->row0 : KVA__MAXROWS);
   }
   return KVA_OK;
 }
@@ -4998,6 +5106,8 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
       kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV,
                     c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     if (pos) pos[g] = c->block_pos ? *kva__pos_ptr(c, layer, b, g, in_block) : (int32_t)slot;
+    if (k && (c->rotate & KVA_ROTATE_K)) kva__rotate_row(k + (size_t)g * (size_t)c->D, c->D); /* as stored */
+    if (v && (c->rotate & KVA_ROTATE_V)) kva__rotate_row(v + (size_t)g * (size_t)c->DV, c->DV);
   }
   return KVA_OK;
 }
