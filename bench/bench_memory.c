@@ -198,7 +198,7 @@ static void memory_checks(int table) {
   rows_free(&t);
 }
 
-const kva_dtype all_dtypes[6] = {KVA_F16, KVA_BF16, KVA_F32, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
+const kva_dtype all_dtypes[N_ALL_DTYPES] = {KVA_F16, KVA_BF16, KVA_F32, KVA_INT8, KVA_INT4, KVA_FP8_E4M3, KVA_FP8_E5M2};
 
 /* KV memory per sequence against context (for plot.gp); show: also a small pivot in the table */
 void memory_curve(const opts *o, int show) {
@@ -262,7 +262,7 @@ static void memory_rows(const opts *o, rows *t) {
     long ctx = o->ctx[ci];
     for (mi = 0; mi < o->n_models; mi++) {
       const model *mo = &o->models[mi];
-      size_t mha_bpt[8];
+      size_t mha_bpt[MAXL];
       for (di = 0; di < o->n_dtypes; di++) mha_bpt[di] = bpt_of(mo, V_MHA, o->dtypes[di], mo->L);
       for (vi = 0; vi < o->n_variants; vi++) {
         int var = o->variants[vi];
@@ -352,16 +352,18 @@ void cmd_memory(const opts *o) {
 }
 
 /* The summary's memory table: per preset and variant, bytes per token and GB at the first --ctx
-   in f16, int8 and fp8 (E4M3; E5M2 takes the same bytes), from the memory rows (every dtype of o
-   goes to CSV / JSON); then the preset checks in one line. */
+   in f16, int8, int4 and fp8 (E4M3; E5M2 takes the same bytes), from the memory rows (every dtype
+   of o goes to CSV / JSON); then the preset checks in one line. */
 void memory_summary(const opts *o) {
-  static const kva_dtype cols[3] = {KVA_F16, KVA_INT8, KVA_FP8_E4M3};
-  /* the display rows use these columns as slots: B/token and GB at ctx of f16, int8, fp8 */
-  static const int c_bpt[3] = {C_BPT, C_BPTL, C_BUSED}, c_gb[3] = {C_BYTESCTX, C_KVBYTES, C_BNEED};
+  enum { NCOLS = 4 };
+  static const kva_dtype cols[NCOLS] = {KVA_F16, KVA_INT8, KVA_INT4, KVA_FP8_E4M3};
+  /* the display rows use these columns as slots: B/token and GB at ctx of f16, int8, int4, fp8 */
+  static const int c_bpt[NCOLS] = {C_BPT, C_BPTL, C_BPEAK, C_BUSED}, c_gb[NCOLS] = {C_BYTESCTX, C_KVBYTES, C_BCACHED, C_BNEED};
   static const vcol v[] = {{C_MODEL, "model", FM_STR},     {C_VARIANT, "variant", FM_STR},
                            {C_KVHEADS, "KV heads", FM_INT}, {C_VALUE, "values/layer", FM_SEP},
                            {C_BPT, "f16 B/token", FM_SEP}, {C_BYTESCTX, "GB", FM_GB},
                            {C_BPTL, "int8 B/token", FM_SEP}, {C_KVBYTES, "GB", FM_GB},
+                           {C_BPEAK, "int4 B/token", FM_SEP}, {C_BCACHED, "GB", FM_GB},
                            {C_BUSED, "fp8 B/token", FM_SEP}, {C_BNEED, "GB", FM_GB},
                            {C_VSMHA, "vs MHA", FM_PCT},    {C_NOTE, "note", FM_STR}};
   rows t = {0}, d = {0};
@@ -387,7 +389,7 @@ void memory_summary(const opts *o) {
         rn(w, C_VALUE, strncmp(r->str[C_VARIANT], "MLA", 3) ? 2 * r->num[C_KVHEADS] * r->num[C_HEADDIM]
                                                             : r->num[C_HEADDIM]);
       }
-      for (k = 0; k < 3; k++)
+      for (k = 0; k < NCOLS; k++)
         if (!strcmp(r->str[C_DTYPE], dtype_str(cols[k]))) {
           rn(w, c_bpt[k], r->num[C_BPT]);
           rn(w, c_gb[k], r->num[C_BYTESCTX]);
@@ -405,9 +407,10 @@ void memory_summary(const opts *o) {
     }
     fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
     snprintf(title, sizeof title,
-             "KV cache per token, all layers (K+V; int8 with its scales), each model's own attention (*) and the\n"
-             "  variants; GB = one sequence of %s tokens. From kva_cache_bytes_per_token, checked on a real cache\n"
-             "  (kva_cache_get_stats). MLA of a non-MLA model: latent 4D + rope D/2. fp8 = E4M3 or E5M2",
+             "KV cache per token, all layers (K+V; int8 with its scale per row, int4 with a scale and a minimum per\n"
+             "  32 values), each model's own attention (*) and the variants; GB = one sequence of %s tokens. From\n"
+             "  kva_cache_bytes_per_token, checked on a real cache (kva_cache_get_stats). MLA of a non-MLA model:\n"
+             "  latent 4D + rope D/2. fp8 = E4M3 or E5M2",
              ctxs);
     print_table(title, v, NV(v), &d, -1);
   }

@@ -1,5 +1,5 @@
 /* bench/bench_quality.c - kvattn_bench quality, parts dtypes and calib: decode output error of
-   each storage dtype against F32 storage and an fp64 reference; FP8 scale calibration rules
+   each storage dtype (F16, BF16, INT8, INT4, FP8) against F32 storage and an fp64 reference; FP8 scale calibration rules
    (kva_fp8_calibrate) and the output error each gives. Eviction is in bench_quality_evict.c. */
 #include "harness.h"
 
@@ -183,6 +183,8 @@ void quality_dtypes(const opts *o, const machine *m) {
             rs(w, C_NOTE, "scale max|latent|/200 = %.3g (a latent cache has one scale)", kmax / 200.0f);
           else if (dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2)
             rs(w, C_NOTE, "scales max|k|/200 = %.3g, max|v|/100 = %.3g", kmax / 200.0f, vmax / 100.0f);
+          else if (dt == KVA_INT4)
+            rs(w, C_NOTE, "4-bit codes, a scale and a minimum per 32 values (no tensor scale)");
         }
         free(k); free(v); free(q); free(o32); free(ox); free(ref); free(sc); free(heavy);
       }

@@ -19,8 +19,8 @@
 #define QM_QUICK_PASSKEY 1 /* cases per distance */
 #define QM_F16_KL_MAX 1e-3 /* a sanity bound: an F16 cache's KL is orders of magnitude below */
 
-enum { QK_STORE, QK_FP8, QK_MIXED, QK_EVICT };
-static const char *const qk_name[] = {"storage", "fp8", "mixed", "eviction"};
+enum { QK_STORE, QK_FP8, QK_MIXED, QK_KV, QK_EVICT };
+static const char *const qk_name[] = {"storage", "fp8", "mixed", "k/v", "eviction"};
 static const double pk_frac[3] = {0.25, 0.5, 0.9};
 
 typedef struct {
@@ -46,6 +46,33 @@ typedef struct {
   int32_t *tok;
   int n;
 } qm_case;
+
+/* Bytes of one stored row of dim values in type t, from the storage formats as documented (not
+   from the library): f32 4, f16 / bf16 2, fp8 1 byte per value; int8 1 byte per value + a 4-byte
+   scale; int4 groups of 32 values of a 4-byte scale, a 4-byte minimum and 16 bytes of codes (a
+   last shorter group: 8 bytes + its codes, two per byte). */
+static size_t qm_row_bytes(kva_dtype t, int dim) {
+  switch (t) {
+    case KVA_F32: return 4 * (size_t)dim;
+    case KVA_INT8: return (size_t)dim + 4;
+    case KVA_FP8_E4M3: case KVA_FP8_E5M2: return (size_t)dim;
+    case KVA_INT4:
+      return (size_t)(dim / 32) * (4 + 4 + 16) + (dim % 32 ? 8 + (size_t)(dim % 32 + 1) / 2 : 0);
+    default: return 2 * (size_t)dim; /* f16, bf16, DEFAULT (f16) */
+  }
+}
+
+/* the bytes per token configuration co should take: every layer's K and V rows of every KV head */
+static size_t qm_expect_bpt(const llm_cache_opts *co, int L, int G, int D) {
+  size_t b = 0;
+  int l;
+  for (l = 0; l < L; l++) {
+    kva_dtype k = co->layer_dtype ? co->layer_dtype[l] : co->k_dtype;
+    kva_dtype v = co->layer_dtype ? co->layer_dtype[l] : co->v_dtype != KVA_DTYPE_DEFAULT ? co->v_dtype : k;
+    b += (size_t)G * (qm_row_bytes(k, D) + qm_row_bytes(v, D));
+  }
+  return b;
+}
 
 /* "lo-hi (x ratio)" of n scales, in one of two static buffers */
 static const char *qm_range(const float *x, size_t n, int which) {
@@ -406,7 +433,7 @@ void quality_model(const opts *o, const machine *m) {
   n_edge = L / 8 > 1 ? L / 8 : 1; /* f16 edge layers of the mixed configurations */
   if (2 * n_edge >= L) n_edge = 0;
   {
-    static const kva_dtype plain[] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8};
+    static const kva_dtype plain[] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8, KVA_INT4};
     for (i = 0; i < NV(plain); i++) {
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_STORE;
@@ -432,18 +459,25 @@ void quality_model(const opts *o, const machine *m) {
       }
       snprintf(q->name, sizeof q->name, "%s %s", dtype_str(f), how_name[how]);
     }
-    for (i = 0; i < 2 && n_edge > 0; i++) {
+    for (i = 0; i < 3 && n_edge > 0; i++) { /* f16 edge layers + int8, fp8 (calibrated), int4 */
       qm_cfg *q = &cf[n_cfg++];
-      kva_dtype mid = i ? KVA_FP8_E4M3 : KVA_INT8;
+      kva_dtype mid = i == 1 ? KVA_FP8_E4M3 : i == 2 ? KVA_INT4 : KVA_INT8;
       char edges[40];
       q->kind = QK_MIXED;
       for (j = 0; j < L; j++) q->ldt[j] = j < n_edge || j >= L - n_edge ? KVA_F16 : mid;
       q->co.k_dtype = q->co.v_dtype = mid;
       q->co.layer_dtype = q->ldt;
-      if (i) q->co.k_scale = cal[0][0], q->co.v_scale = cal[0][1];
+      if (i == 1) q->co.k_scale = cal[0][0], q->co.v_scale = cal[0][1];
       if (n_edge == 1) snprintf(edges, sizeof edges, "L0,L%d", L - 1);
       else snprintf(edges, sizeof edges, "L0-%d,L%d-%d", n_edge - 1, L - n_edge, L - 1);
-      snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, dtype_str(mid), i ? " cal." : "");
+      snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, dtype_str(mid), i == 1 ? " cal." : "");
+    }
+    for (i = 0; i < 2; i++) { /* K against V: which one int4 hurts more (the other int8) */
+      qm_cfg *q = &cf[n_cfg++];
+      q->kind = QK_KV;
+      q->co.k_dtype = i ? KVA_INT4 : KVA_INT8;
+      q->co.v_dtype = i ? KVA_INT8 : KVA_INT4;
+      snprintf(q->name, sizeof q->name, "K %s, V %s", dtype_str(q->co.k_dtype), dtype_str(q->co.v_dtype));
     }
     for (i = 0; i < 3; i++)
       for (j = 0; j < o->n_budgets && n_cfg < QM_MAXCFG; j++) {
@@ -551,7 +585,8 @@ void quality_model(const opts *o, const machine *m) {
       rn(r, C_HEADDIM, md.c.head_dim);
       rn(r, C_CTX, W);
       rn(r, C_THREADS, threads);
-      rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : dtype_str(q->co.k_dtype));
+      if (q->kind == QK_KV) rs(r, C_DTYPE, "%s/%s", dtype_str(q->co.k_dtype), dtype_str(q->co.v_dtype));
+      else rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : dtype_str(q->co.k_dtype));
       rn(r, C_BPT, (double)q->bpt);
       if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0)) {
         rn(r, C_KSCALE, q->co.k_scale);
@@ -613,6 +648,13 @@ void quality_model(const opts *o, const machine *m) {
                    (unsigned long)q->bpt, (unsigned long)(per * 2));
       } else if (q->kind == QK_EVICT)
         q->checked = 1;
+      if (!chk[0]) { /* every configuration: its bytes per token from the storage formats */
+        size_t want = qm_expect_bpt(&q->co, L, md.c.n_kv_heads, md.c.head_dim);
+        q->checked = 1;
+        if (q->bpt != want)
+          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want %lu (every layer's K and V rows in their types)",
+                   (unsigned long)q->bpt, (unsigned long)want);
+      }
       if (chk[0]) {
         rs(r, C_PASS, "FAIL");
         rs(r, C_NOTE, "%s", chk);
@@ -669,7 +711,12 @@ void quality_model(const opts *o, const machine *m) {
                "  fp8: scale 1, or kva_fp8_calibrate's MSE rule on K and V of calib.txt's first %d tokens (as "
                "kvattn_run --fp8-calib).\n"
                "  mixed: K and V in f16 on the first and last %d layer(s), the rest int8 / fp8_e4m3 (calibrated "
-               "scales).\n"
+               "scales) / int4.\n"
+               "  int4: a scale and a minimum per 32 values, two codes per byte; k/v: K and V in different types "
+               "(K int8 + V int4,\n"
+               "  K int4 + V int8: which of the two int4 costs more). check: bytes per token = every layer's K and V "
+               "rows in their\n"
+               "  types (f32 4, f16 2, fp8 1 B/value; int8 1 B/value + a 4-byte scale; int4 24 B per 32 values).\n"
                "  eviction rows: F32 storage; budgets in %% of seq_len (tokens: kvattn_run --evict window:B[:4] / "
                "h2o:B:4:B/2);\n"
                "  H2O keeps 4 sinks and n_recent = budget/2 (the H2O paper's half heavy, half recent) beside its heavy "
@@ -689,13 +736,16 @@ void quality_model(const opts *o, const machine *m) {
            "close to the\n"
            "    full cache on their tasks.\n");
       {
-        const qm_cfg *f16 = NULL, *i8 = NULL, *win[MAXL] = {0}, *sink[MAXL] = {0}, *h2o[MAXL] = {0};
+        const qm_cfg *f16 = NULL, *i8 = NULL, *i4 = NULL, *i4e = NULL, *k8v4 = NULL, *k4v8 = NULL, *win[MAXL] = {0}, *sink[MAXL] = {0}, *h2o[MAXL] = {0};
         int b20 = -1;
         for (i = 0; i < n_cfg; i++) {
           const qm_cfg *q = &cf[i];
           if (q->bad) continue;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) f16 = q;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT8) i8 = q;
+          if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT4) i4 = q;
+          if (q->kind == QK_MIXED && q->co.k_dtype == KVA_INT4) i4e = q;
+          if (q->kind == QK_KV) *(q->co.k_dtype == KVA_INT4 ? &k4v8 : &k8v4) = q;
           if (q->kind == QK_EVICT)
             for (j = 0; j < o->n_budgets; j++)
               if (q->pct == o->budgets[j]) {
@@ -712,6 +762,24 @@ void quality_model(const opts *o, const machine *m) {
                md.c.head_dim, i8->kl[0] / (double)i8->n_kl[0], f16->kl[0] / (double)f16->n_kl[0],
                exp(i8->nll / (double)i8->n_nll) - exp(ref_loss),
                100.0 * (exp(i8->nll / (double)i8->n_nll - ref_loss) - 1.0));
+        if (i8 && i4) {
+          double kl8 = i8->kl[0] / (double)i8->n_kl[0], kl4 = i4->kl[0] / (double)i4->n_kl[0];
+          text("  int4 KL %.2e (%.1fx int8's), d loss %+.4f (perplexity %+.3f%%) in %.0f%% of int8's bytes",
+               kl4, kl4 / kl8, i4->nll / (double)i4->n_nll - ref_loss,
+               100.0 * (exp(i4->nll / (double)i4->n_nll - ref_loss) - 1.0), 100.0 * (double)i4->bpt / (double)i8->bpt);
+          if (i4e)
+            text(";\n    with f16 first and last layers KL %.2e, d loss %+.4f in %.0f%% of int8's bytes",
+                 i4e->kl[0] / (double)i4e->n_kl[0], i4e->nll / (double)i4e->n_nll - ref_loss,
+                 100.0 * (double)i4e->bpt / (double)i8->bpt);
+          text("\n");
+        }
+        if (k8v4 && k4v8) {
+          /* a difference: one KL more than 1.25x the other */
+          double a = k8v4->kl[0] / (double)k8v4->n_kl[0], b = k4v8->kl[0] / (double)k4v8->n_kl[0];
+          text("  K against V: K int8 + V int4 KL %.2e (d loss %+.4f), K int4 + V int8 KL %.2e (d loss %+.4f): %s\n", a,
+               k8v4->nll / (double)k8v4->n_nll - ref_loss, b, k4v8->nll / (double)k4v8->n_nll - ref_loss,
+               b > 1.25 * a ? "int4 costs more on K" : a > 1.25 * b ? "int4 costs more on V" : "about the same either way");
+        }
         if (b20 < 0 && o->n_budgets > 0) b20 = 0;
         if (b20 >= 0 && win[b20] && sink[b20] && h2o[b20]) {
           /* collapse: perplexity x1.5 or more; close: within 2 %; a difference: more than 10 % of the larger
@@ -740,7 +808,7 @@ void quality_model(const opts *o, const machine *m) {
   }
   text("model part checks: %s\n",
        ok_all ? "passed (f32 twice bit-identical: KL 0, the same loss; f16 KL below 1e-3; f32 / f16 bytes per token "
-                "= 2 x layers x KV heads x head dim x 4 / 2; every loss finite; every configuration ran every passkey case; eviction holds min(tokens, budget))"
+                "= 2 x layers x KV heads x head dim x 4 / 2; every configuration's bytes per token from the storage formats; every loss finite; every configuration ran every passkey case; eviction holds min(tokens, budget))"
               : "FAILED (see FAIL / ERROR above)");
 out:
   progress_end();

@@ -63,6 +63,7 @@ const char *dtype_str(kva_dtype t) {
     case KVA_INT8: return "int8";
     case KVA_FP8_E4M3: return "fp8_e4m3";
     case KVA_FP8_E5M2: return "fp8_e5m2";
+    case KVA_INT4: return "int4";
     default: return "default";
   }
 }
@@ -71,7 +72,8 @@ int parse_dtype(const char *s, kva_dtype *t) {
   static const struct { const char *n; kva_dtype t; } tab[] = {
       {"f32", KVA_F32}, {"fp32", KVA_F32}, {"f16", KVA_F16}, {"fp16", KVA_F16}, {"bf16", KVA_BF16},
       {"int8", KVA_INT8}, {"i8", KVA_INT8}, {"fp8_e4m3", KVA_FP8_E4M3}, {"e4m3", KVA_FP8_E4M3},
-      {"fp8", KVA_FP8_E4M3}, {"fp8_e5m2", KVA_FP8_E5M2}, {"e5m2", KVA_FP8_E5M2}};
+      {"fp8", KVA_FP8_E4M3}, {"fp8_e5m2", KVA_FP8_E5M2}, {"e5m2", KVA_FP8_E5M2},
+      {"int4", KVA_INT4}, {"i4", KVA_INT4}};
   size_t i;
   for (i = 0; i < sizeof tab / sizeof tab[0]; i++)
     if (strcmp(s, tab[i].n) == 0) { *t = tab[i].t; return 1; }

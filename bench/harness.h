@@ -228,7 +228,8 @@ typedef struct {
 /* options.c */
 int parse_args(int argc, char **argv, opts *o, set_flags *sf); /* 0, or the exit status */
 void defaults_for(opts *o, const set_flags *sf, const char *cmd);
-extern const kva_dtype all_dtypes[6];
+#define N_ALL_DTYPES 7
+extern const kva_dtype all_dtypes[N_ALL_DTYPES]; /* every storage type (memory's default) */
 
 /* ---- the machine: streaming read bandwidth, FP32 FMA peak, OpenMP fork/join ---- */
 

@@ -5,7 +5,7 @@
 
    Subcommands (the first argument; default "summary"):
      summary    memory per token of every model preset for its own attention and the variants
-                (MHA, GQA, MQA, MLA) in F16 / INT8 / FP8; the machine; one decode line per variant;
+                (MHA, GQA, MQA, MLA) in F16 / INT8 / INT4 / FP8; the machine; one decode line per variant;
                 GQA decode per storage dtype against F16
      memory     bytes per token for MHA / MQA / GQA / MLA of each model per dtype, checked against a
                 real cache; the presets against their published configurations; memory vs context

@@ -11,16 +11,17 @@ static void usage(void) {
       "subcommands\n"
       "  summary     (default; what `make bench` runs) attention variants compared by memory per\n"
       "              token, speed and accuracy: bytes per token and GB at 131,072 tokens of every model\n"
-      "              preset for its own attention and MHA / GQA / MQA / MLA in f16, int8 and fp8 (from\n"
-      "              the library, checked on a real cache), the presets against their published\n"
+      "              preset for its own attention and MHA / GQA / MQA / MLA in f16, int8, int4 and fp8\n"
+      "              (from the library, checked on a real cache), the presets against their published\n"
       "              configurations (one line); this machine's read bandwidth and FMA peak (one line);\n"
       "              one decode line per variant (f16, 1 thread, cold, 4096 and 32768 tokens); GQA\n"
-      "              decode at the largest --ctx per dtype (f16, int8, fp8_e4m3, fp8_e5m2; timed in\n"
-      "              turns, at least 9 reps unless --reps) against the targets int8 <= 0.65, fp8 <= 0.75\n"
-      "              of f16's time, with each dtype's output error against f32 storage; the decode limits\n"
+      "              decode at the largest --ctx per dtype (f16, int8, int4, fp8_e4m3, fp8_e5m2; timed in\n"
+      "              turns, at least 9 reps unless --reps) against the targets int8 <= 0.65, int4 <= 0.35,\n"
+      "              fp8 <= 0.75 of f16's time (a missed target is reported, not a failure), with each\n"
+      "              dtype's output error against f32 storage; the decode limits\n"
       "              (GQA f16 at the largest --ctx: 16-token blocks against one contiguous block, and the\n"
       "              read bandwidth reached on 1 and 2 threads). --csv / --json:\n"
-      "              every row (all six dtypes of the memory table)\n"
+      "              every row (all seven dtypes of the memory table)\n"
       "  memory      bytes per token for MHA, MQA, GQA and MLA of each model, per dtype; at --ctx and\n"
       "              --batch; what fits --mem; checked against a real cache; the presets against their\n"
       "              published configurations; KV memory against context (the plot's data)\n"
@@ -38,7 +39,7 @@ static void usage(void) {
       "              tokens: one tree-attention call (kva_attn.tree_parent: a chain, a binary tree, 2\n"
       "              chains of 8) against 16 single-token decode steps over the same prefix (--ctx), GQA\n"
       "              f16, 1 thread, and kva_seq_accept of a path of 8 (part tree)\n"
-      "  quality     decode output error of F16, BF16, INT8 and FP8 (E4M3, E5M2) storage against F32\n"
+      "  quality     decode output error of F16, BF16, INT8, INT4 and FP8 (E4M3, E5M2) storage against F32\n"
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
       "              --evict-ctx generation, each step's output against the full cache, bytes held,\n"
@@ -50,8 +51,8 @@ static void usage(void) {
       "              per cache, per layer and per layer and KV head (part scales: 6 layers whose K/V\n"
       "              ranges span 1/512 .. 64, decode error against f32 storage); KV-cache\n"
       "              configurations on the trained model of bench/model/ (part model: f32, f16, bf16,\n"
-      "              int8, fp8 with scale 1, calibrated, calibrated per layer and per head, f16 edge\n"
-      "              layers + int8 / fp8, WINDOW with and\n"
+      "              int8, int4, fp8 with scale 1, calibrated, calibrated per layer and per head, f16 edge\n"
+      "              layers + int8 / fp8 / int4, K int8 + V int4 and K int4 + V int8, WINDOW with and\n"
       "              without sinks and H2O at --budgets of seq_len): bytes per token, held-out loss and\n"
       "              perplexity, KL divergence from the f32 cache's next-token distributions, passkey\n"
       "              accuracy, decode tokens/s (--threads: its first value; --quick: 2 windows, 1\n"
@@ -89,8 +90,9 @@ static void usage(void) {
       "                      variants are MHA (G=H), GQA (G), MQA (G=1), MLA (one latent head of\n"
       "                      4D + D/2 values, V = the first 4D, H query heads: absorbed decode)\n"
       "  --variants LIST     mha,gqa,mqa,mla (default: all; quality: gqa,mla; paged: gqa)\n"
-      "  --dtypes LIST       f16,bf16,f32,int8,fp8_e4m3,fp8_e5m2 (memory default: all six; speed: f16,bf16,\n"
-      "                      f32; summary: f16; quality: f16,bf16,int8,fp8_e4m3,fp8_e5m2; paged: f16,f32)\n"
+      "  --dtypes LIST       f16,bf16,f32,int8,int4,fp8_e4m3,fp8_e5m2 (memory default: all seven; speed:\n"
+      "                      f16,bf16,f32; summary: f16; quality: f16,bf16,int8,int4,fp8_e4m3,fp8_e5m2;\n"
+      "                      paged: f16,f32)\n"
       "  --ctx LIST          context lengths; memory: default 131072; speed/summary: 4096,32768;\n"
       "                      quality: 4096; paged: 4096,32768; plot-data: 1024..32768 (1k = 1024)\n"
       "  --batch N           sequences for memory (default 1)\n"
@@ -413,13 +415,13 @@ void defaults_for(opts *o, const set_flags *sf, const char *cmd) {
   }
   if (!sf->dtypes) {
     static const kva_dtype speed_dt[] = {KVA_F16, KVA_BF16, KVA_F32},
-                           q_dt[] = {KVA_F16, KVA_BF16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2},
+                           q_dt[] = {KVA_F16, KVA_BF16, KVA_INT8, KVA_INT4, KVA_FP8_E4M3, KVA_FP8_E5M2},
                            paged_dt[] = {KVA_F16, KVA_F32};
     const kva_dtype *src = speed_dt;
     int n = 3;
-    if (!strcmp(cmd, "memory")) { src = all_dtypes; n = 6; }
+    if (!strcmp(cmd, "memory")) { src = all_dtypes; n = N_ALL_DTYPES; }
     else if (!strcmp(cmd, "summary")) n = 1;
-    else if (!strcmp(cmd, "quality")) { src = q_dt; n = 5; }
+    else if (!strcmp(cmd, "quality")) { src = q_dt; n = NV(q_dt); }
     else if (!strcmp(cmd, "paged")) { src = paged_dt; n = 2; }
     for (k = 0; k < n; k++) o->dtypes[k] = src[k];
     o->n_dtypes = n;

@@ -55,6 +55,7 @@ plot datafile using "ctx":(mem("Llama-3-70B", "GQA", "f32")) smooth unique with 
      "" using "ctx":(mem("Llama-3-70B", "GQA", "f16")) smooth unique with linespoints lw 2 pt 5 title "f16", \
      "" using "ctx":(mem("Llama-3-70B", "GQA", "bf16")) smooth unique with lines lw 2 dt 3 title "bf16 (= f16)", \
      "" using "ctx":(mem("Llama-3-70B", "GQA", "int8")) smooth unique with linespoints lw 2 pt 9 title "int8 (+ fp32 scale per token, head)", \
+     "" using "ctx":(mem("Llama-3-70B", "GQA", "int4")) smooth unique with linespoints lw 2 pt 3 title "int4 (+ fp32 scale, min per 32 values)", \
      "" using "ctx":(mem("Llama-3-70B", "GQA", "fp8_e4m3")) smooth unique with linespoints lw 2 pt 11 title "fp8 e4m3", \
      "" using "ctx":(mem("Llama-3-70B", "GQA", "fp8_e5m2")) smooth unique with lines lw 2 dt 3 title "fp8 e5m2 (= e4m3)", \
      "" using "ctx":(budget(0)) smooth unique with lines dt 2 lw 2 lc rgb "black" title "budget (--mem)"
