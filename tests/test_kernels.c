@@ -69,9 +69,9 @@
 #endif
 #include "harness.h"
 
-#define KK_NDT 6
-static const kva_dtype kk_dtypes[KK_NDT] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2};
-static const char *const kk_dt_names[KK_NDT] = {"f32", "f16", "bf16", "int8", "e4m3", "e5m2"};
+#define KK_NDT 7
+static const kva_dtype kk_dtypes[KK_NDT] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8, KVA_FP8_E4M3, KVA_FP8_E5M2, KVA_INT4};
+static const char *const kk_dt_names[KK_NDT] = {"f32", "f16", "bf16", "int8", "e4m3", "e5m2", "int4"};
 
 #define KK_NW 10
 static const int kk_widths[KK_NW] = {1, 7, 8, 16, 17, 33, 44, 65, 128, 576};
@@ -180,7 +180,7 @@ static void kk_pool_make(kk_pool *p, kva_dtype t, int d, kt_rng *r) {
   int k, i;
   p->t = t;
   p->d = d;
-  p->bytes = kva__code_offset(t) + (size_t)d * kva__dtype_size(t);
+  p->bytes = kva__row_bytes(t, d); /* (INT8: its scale, then the codes; INT4: its groups) */
   for (k = 0; k < KK_POOL; k++) {
     for (i = 0; i < d; i++) src[i] = k == 0 ? 0.0f : kk_val(r); /* row 0: all zero (INT8 scale 0) */
     p->row[k] = KT_ALLOC(unsigned char, p->bytes);

@@ -1238,7 +1238,8 @@ static void sq_errors(void) {
         {36, 4, KVA_ERR_UNSUPPORTED},  /* head_dim */
         {40, 3, KVA_ERR_UNSUPPORTED},  /* v_dim */
         {44, 0, KVA_ERR_STREAM},       /* block size 0 */
-        {48, 8, KVA_ERR_STREAM},       /* an unknown flag */
+        {48, 32, KVA_ERR_STREAM},      /* an unknown flag */
+        {48, 11, KVA_ERR_UNSUPPORTED}, /* K rows rotated, which this cache's are not */
         {48, 7, KVA_ERR_UNSUPPORTED},  /* layer groups, which this cache has not */
         {48, 1, KVA_ERR_STREAM},       /* no scores: the size disagrees */
         {52, -1, KVA_ERR_STREAM},      /* len */
