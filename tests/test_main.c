@@ -26,7 +26,8 @@ const char *kt_test_name;
   X(gqa) X(quant)      \
   X(fp8bulk) X(batch)  \
   X(kernels) X(strided) \
-  X(tree) X(seqio)
+  X(tree) X(seqio)     \
+  X(groups)
 
 #define KT_DECLARE(name) void test_##name(void);
 KT_SECTIONS(KT_DECLARE)
