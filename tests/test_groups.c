@@ -1107,8 +1107,8 @@ static void tg_test_exhaustion(void) {
     (void)any;
     tg_twin_done(&t);
   }
-  KT_CHECK(n_full > 10 && n_later > 0 && n_never > 0, "coverage: %ld full appends (%ld later, %ld never)", n_full,
-           n_later, n_never);
+  KT_CHECK(kt_quick || (n_full > 10 && n_later > 0 && n_never > 0),
+           "coverage (full runs): %ld full appends (%ld later, %ld never)", n_full, n_later, n_never);
 }
 
 /* a group pool of 0 blocks: derived from max_seqs and the span; decode
@@ -1244,7 +1244,8 @@ static void tg_test_truncate(void) {
     }
     tg_twin_done(&t);
   }
-  KT_CHECK(n_refused > 5 && n_done > 5, "coverage: %ld refused, %ld done", n_refused, n_done);
+  KT_CHECK(kt_quick || (n_refused > 5 && n_done > 5), "coverage (full runs): %ld refused, %ld done", n_refused,
+           n_done);
 }
 
 /* spans wider than the group's, bad descriptions, eviction policies */
@@ -1529,7 +1530,8 @@ static void tg_test_prefix(void) {
     kva_cache_destroy(hy);
     kva_cache_destroy(pl);
   }
-  KT_CHECK(hits > 3 && short_hits > 0, "coverage: %ld hits, %ld shortened", hits, short_hits);
+  KT_CHECK(kt_quick || (hits > 3 && short_hits > 0), "coverage (full runs): %ld hits, %ld shortened", hits,
+           short_hits);
 
   /* a group pool that runs short takes the published blocks back: the hit gets shorter */
   kt_begin("groups: prefix caching, pool taken back");
