@@ -370,7 +370,7 @@ typedef struct {
   size_t bytes_used;    /* block bytes live sequences hold: the main pool's blocks_used and every
                            WINDOW / CHUNK group's blocks in use (shared blocks count once) */
   int group_blocks;     /* blocks in the WINDOW / CHUNK groups' pools, together */
-  int group_blocks_used;/* of those, held by live sequences or the prefix cache */
+  int group_blocks_used;/* of those, held by live sequences (blocks only the prefix cache holds are spare) */
 } kva_cache_stats;
 
 typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
@@ -3293,8 +3293,10 @@ static inline void kva__span_drop(kva__span *sp, int32_t b) {
 static inline void kva__span_publish(kva__span *sp, int32_t mb, int32_t b) {
   if (b == kva__span_hole(sp)) return;
   sp->pub_block[mb] = b;
+  sp->n_spare -= kva__span_spare(sp, b);
   sp->owner[b] = mb;
-  kva__span_hold(sp, b);
+  sp->ref[b]++;
+  sp->n_spare += kva__span_spare(sp, b);
 }
 static inline void kva__span_unpublish(kva__span *sp, int32_t mb) {
   int32_t b = sp->pub_block[mb];
@@ -3674,7 +3676,7 @@ static inline kva_status kva__evict_check(const kva_evict *e) {
    eviction compacts or H2O scores (all kept blocks, a slight over-copy),
    release emptied blocks, copy a shared partial tail, take new blocks. */
 typedef struct {
-  int n_evict, keep_blocks, private_to, fits_now;
+  int n_evict, keep_blocks, private_to, fits_now, fits_table; /* fits_table: the block table's limit */
   long copies, fresh, releasable;
   long span_need[KVA_MAX_GROUPS], span_releasable[KVA_MAX_GROUPS]; /* each WINDOW / CHUNK group's */
 } kva__append_plan;
@@ -3694,8 +3696,8 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
   if (new_len % c->bs && new_len / c->bs >= pl->private_to && kva__block_shared(c, s->table[new_len / c->bs]))
     pl->fresh++;
   /* copies are taken before emptied blocks return to the pool */
-  pl->fits_now = pl->copies <= avail && pl->copies + pl->fresh <= avail + pl->releasable &&
-                 kva__blocks_for(c, (long)new_len + n) <= c->max_table;
+  pl->fits_table = kva__blocks_for(c, (long)new_len + n) <= c->max_table;
+  pl->fits_now = pl->copies <= avail && pl->copies + pl->fresh <= avail + pl->releasable && pl->fits_table;
   /* a group releases what the step's queries cannot see, copies a shared tail, takes new blocks
      (its sequences do not evict: new_len is s->len) */
   for (w = 0; w < c->n_spans; w++) {
@@ -3816,7 +3818,7 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
       short_of_blocks |= pl.span_need[j] > span_avail[j] + pl.span_releasable[j];
       span_avail[j] += pl.span_releasable[j] - pl.span_need[j];
     }
-    if (!pl.fits_now || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable || short_of_blocks) {
+    if (!pl.fits_table || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable || short_of_blocks) {
       c->appends_failed++;
       return KVA_ERR_FULL;
     }
@@ -4361,28 +4363,6 @@ static inline int kva__stream_rows_ok(const kva_cache *c, const unsigned char *p
   return 1;
 }
 
-/* A group's released tokens are zeros in a stream (as export writes them),
-   so that every stream import accepts exports back byte for byte. */
-static inline int kva__stream_released_zero(const kva_cache *c, const unsigned char *p, int len, int step,
-                                            unsigned flags) {
-  int l, g, f;
-  for (l = 0; l < c->n_layers; l++)
-    for (g = 0; g < c->G; g++)
-      for (f = KVA__FIELD_K; f <= KVA__FIELD_SCORE; f++) {
-        size_t fb = kva__field_bytes(c, f, l), i;
-        if (!kva__stream_has(c, flags, f)) continue;
-        if (c->layer_span[l] >= 0 && f <= KVA__FIELD_V) {
-          const kva__span *sp = &c->spans[c->layer_span[l]];
-          long from = (long)kva__span_sink_blocks(c, sp) * c->bs, to = (long)kva__span_first_block(c, sp, len - step) * c->bs;
-          if (to > len) to = len;
-          for (i = (size_t)from * fb; (long)from < to && i < (size_t)to * fb; i++)
-            if (p[i]) return 0;
-        }
-        p += (size_t)len * fb;
-      }
-  return 1;
-}
-
 /* A new sequence from a kva_seq_export stream. Everything is checked
    before anything changes. */
 KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, int *seq) {
@@ -4457,8 +4437,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
   if (kva__stream_size(c, len, flags, n_prefix) != size) return KVA_ERR_STREAM;
   if (pos != len && !(flags & KVA__STREAM_POS)) return KVA_ERR_STREAM; /* evicted without positions */
   rows = lay + layer_bytes + 4 * (size_t)n_prefix;
-  if (!kva__stream_rows_ok(c, rows, len, pos, step, flags) || !kva__stream_released_zero(c, rows, len, step, flags))
-    return KVA_ERR_STREAM;
+  if (!kva__stream_rows_ok(c, rows, len, pos, step, flags)) return KVA_ERR_STREAM;
   for (i = 0; i < c->n_spans; i++) { /* a group holds what the step's queries may see */
     int first = kva__span_first_block(c, &c->spans[i], len - step), sinks = kva__span_sink_blocks(c, &c->spans[i]);
     int n_blocks = kva__blocks_for(c, len), held;

@@ -27,6 +27,7 @@ const char *kt_test_name;
   X(fp8bulk) X(batch)  \
   X(kernels) X(strided) \
   X(tree) X(seqio)     \
+  X(groups)            \
   X(rotate) X(int4)
 
 #define KT_DECLARE(name) void test_##name(void);
