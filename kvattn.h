@@ -4544,6 +4544,13 @@ static inline void kva__rotate_item(const kva__attn_params *P, float *out, int g
     kva__rotate_row(out + (size_t)(r / P->R) * P->o_stride + (size_t)(g * P->R + r % P->R) * (size_t)P->DV, P->DV);
 }
 #define KVA__ROTATE_STACK 4096 /* floats of rotated queries on the stack: a decode step of 32 heads of 128 */
+/* a row of n values as the cache stores it: src, or (rotated) its rotation in tmp */
+static inline const float *kva__as_stored(const float *src, int n, int rotated, float *tmp) {
+  if (!rotated) return src;
+  memcpy(tmp, src, (size_t)n * sizeof(float));
+  kva__rotate_row(tmp, n);
+  return tmp;
+}
 
 /* Write K (and V) of n_tokens of the step's newest tokens of `layer`, from
    the step's token `offset` on. Token t's heads [n_kv_heads][head_dim] start
@@ -4580,22 +4587,15 @@ KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offse
     int slot = s->len - s->last_append + offset + t, in_block;
     int32_t b = kva__slot_block(c, s, layer, slot, &in_block);
     for (g = 0; g < c->G; g++) {
-      const float *kr = k + (size_t)t * ks + (size_t)g * (size_t)c->D, *vr = v + (size_t)t * vs + (size_t)g * (size_t)c->DV;
-      if (c->rotate & KVA_ROTATE_K) {
-        memcpy(tmp, kr, (size_t)c->D * sizeof(float));
-        kva__rotate_row(tmp, c->D);
-        kr = tmp;
-      }
-      kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block), kr, c->D,
+      const float *kr = k + (size_t)t * ks + (size_t)g * (size_t)c->D;
+      kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
+                     kva__as_stored(kr, c->D, c->rotate & KVA_ROTATE_K, tmp), c->D,
                      c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
-      if (c->kind != KVA_CACHE_KV) continue;
-      if (c->rotate & KVA_ROTATE_V) {
-        memcpy(tmp, vr, (size_t)c->DV * sizeof(float));
-        kva__rotate_row(tmp, c->DV);
-        vr = tmp;
-      }
-      kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block), vr, c->DV,
-                     c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
+      if (c->kind == KVA_CACHE_KV)
+        kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
+                       kva__as_stored(v + (size_t)t * vs + (size_t)g * (size_t)c->DV, c->DV,
+                                      c->rotate & KVA_ROTATE_V, tmp),
+                       c->DV, c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
     }
   }
   if (tmp && tmp != stack_row) kva__heap_give(&heap, tmp, row_bytes);

@@ -19,21 +19,27 @@
 #include "harness.h"
 #include "ref.h"
 
+/* min and max of the finite values among x[0..m) (0 and 0 without any) */
+static void i4_range(const float *x, int m, double *mn, double *mx) {
+  int i, any = 0;
+  *mn = *mx = 0.0;
+  for (i = 0; i < m; i++) {
+    double v = (double)x[i];
+    if (!isfinite(v)) continue;
+    if (!any || v < *mn) *mn = v;
+    if (!any || v > *mx) *mx = v;
+    any = 1;
+  }
+}
+
 /* the reference read-back of n values x */
 static void i4_ref(const float *x, float *out, int n) {
   int g0, i;
   for (g0 = 0; g0 < n; g0 += 32) {
     int m = n - g0 < 32 ? n - g0 : 32;
-    double mn = 0.0, mx = 0.0;
-    int any = 0;
+    double mn, mx;
     float scale, fmn;
-    for (i = 0; i < m; i++) {
-      double v = (double)x[g0 + i];
-      if (!isfinite(v)) continue;
-      if (!any || v < mn) mn = v;
-      if (!any || v > mx) mx = v;
-      any = 1;
-    }
+    i4_range(x + g0, m, &mn, &mx);
     scale = (float)((mx - mn) / 15.0);
     fmn = (float)mn;
     for (i = 0; i < m; i++) {
@@ -95,16 +101,10 @@ static void i4_readback(kt_rng *r) {
           i4_ref(x, want, D);
           if (!kt_same_bits(got_k + (size_t)g * D, want, (size_t)D)) bad++;
           for (i = 0; i < D; i++) { /* half a step of the group's finite range */
-            int g0 = i / 32 * 32, m = D - g0 < 32 ? D - g0 : 32, j, any = 0;
-            double mn = 0, mx = 0, half;
+            int g0 = i / 32 * 32, m = D - g0 < 32 ? D - g0 : 32;
+            double mn, mx, half;
             if (!isfinite((double)x[i])) continue;
-            for (j = 0; j < m; j++) {
-              double y = (double)x[g0 + j];
-              if (!isfinite(y)) continue;
-              if (!any || y < mn) mn = y;
-              if (!any || y > mx) mx = y;
-              any = 1;
-            }
+            i4_range(x + g0, m, &mn, &mx);
             if (mx - mn > 0.99 * FLT_MAX) continue; /* the read-back's multiply-add may overflow (documented) */
             half = (mx - mn) / 30.0;
             if (fabs((double)got_k[(size_t)g * D + i] - (double)x[i]) > half * (1 + 1e-6) + 4e-7 * (fabs(mn) + fabs(mx)) + 1e-45)
