@@ -98,9 +98,14 @@ static void err_add(errstat *e, const float *x, const double *ref, size_t n) {
   }
 }
 
+/* rows the dtypes table repeats with rotated keys: quantized types of a KV cache */
+static int rotatable(kva_dtype dt, const shape *s) {
+  return s->kind == KVA_CACHE_KV && (dt == KVA_INT8 || dt == KVA_INT4 || dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2);
+}
+
 void quality_dtypes(const opts *o, const machine *m) {
   rows t = {0};
-  int vi, pi, ci, di, tr;
+  int vi, pi, ci, di, tr, rot;
   uint64_t rng = o->seed + 3;
   (void)m;
   for (vi = 0; vi < o->n_variants; vi++) {
@@ -129,7 +134,9 @@ void quality_dtypes(const opts *o, const machine *m) {
           mass += m1 / T;
         }
         /* f32 storage first: the baseline of every other dtype */
-        for (di = -1; di < o->n_dtypes; di++) {
+        /* each quantized type also with rotated keys (a KV cache's rotate = KVA_ROTATE_K), after it */
+        for (di = -1; di < o->n_dtypes; di++)
+          for (rot = 0; rot < (di >= 0 && rotatable(o->dtypes[di], &s) ? 2 : 1); rot++) {
           kva_dtype dt = di < 0 ? KVA_F32 : o->dtypes[di];
           kva_cache *c = NULL;
           int seq;
@@ -137,11 +144,15 @@ void quality_dtypes(const opts *o, const machine *m) {
           errstat e = {0, 0, 0}, e64 = {0, 0, 0};
           row *w;
           if (di >= 0 && dt == KVA_F32) continue;
-          progress("quality %s %s ctx=%ld: %s", variant_name[s.var], pat_name[pi], n, dtype_str(dt));
+          progress("quality %s %s ctx=%ld: %s%s", variant_name[s.var], pat_name[pi], n, dtype_str(dt),
+                   rot ? " rotated K" : "");
           /* FP8 scale: vLLM's "calculate" rule, max|k|/200 and max|v|/100 */
+          g_build_rotate = rot ? KVA_ROTATE_K : 0;
           st = build_cache(&s, dt, n, 1, 16, 0, kmax / 200.0f, vmax / 100.0f, k, v, &rng, &c, &seq);
+          g_build_rotate = 0;
           w = rows_add(&t, "quality");
           set_shape_cols(w, &s, dt);
+          if (rot) rs(w, C_DTYPE, "%s rotK", dtype_str(dt));
           rs(w, C_PATTERN, "%s", pat_name[pi]);
           rn(w, C_CTX, (double)n);
           rn(w, C_NQ, T);
@@ -202,7 +213,8 @@ void quality_dtypes(const opts *o, const machine *m) {
              "  against the same data stored as f32 and against an fp64 reference (H=%d G=%d D=%d; MLA: one latent\n"
              "  head of %d+%d, V = its first %d). Patterns: random N(0,1); heavy-hitter: 1%% of keys + 4 sinks score\n"
              "  ~8 higher (heavy mass = their softmax share); outlier-K: 4 key channels ~20 (as in real LLM keys).\n"
-             "  rel RMS = ||out - ref|| / ||ref|| over all heads and queries.",
+             "  rel RMS = ||out - ref|| / ||ref|| over all heads and queries. rotK: the same type with keys stored\n"
+             "  rotated (kva_cache_desc.rotate = KVA_ROTATE_K; FP8 keeps the unrotated keys' scale).",
              o->trials, o->H, o->G, o->D, 4 * o->D, o->D / 2, 4 * o->D);
     print_table(title, v, NV(v), &t, C_VARIANT);
   }

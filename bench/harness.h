@@ -324,6 +324,7 @@ const float *pool_at(uint64_t *rng, size_t need);
 kva_status build_cache_kv(const shape *s, kva_dtype dt, kva_dtype vdt, long ctx, int tail, int bs, int scatter,
                           float k_scale, float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
                           kva_cache **out, int *seq_out);
+extern int g_build_rotate; /* kva_cache_desc.rotate of the KV caches the two below build (0: none) */
 kva_status build_cache(const shape *s, kva_dtype dt, long ctx, int tail, int bs, int scatter, float k_scale,
                        float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
                        kva_cache **out, int *seq_out);
