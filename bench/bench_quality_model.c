@@ -472,6 +472,13 @@ void quality_model(const opts *o, const machine *m) {
       else snprintf(edges, sizeof edges, "L0-%d,L%d-%d", n_edge - 1, L - n_edge, L - 1);
       snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, dtype_str(mid), i == 1 ? " cal." : "");
     }
+    for (i = 0; i < 2; i++) { /* int8 and int4 with rotated keys (kva_cache_desc.rotate) */
+      qm_cfg *q = &cf[n_cfg++];
+      q->kind = QK_STORE;
+      q->co.k_dtype = q->co.v_dtype = i ? KVA_INT4 : KVA_INT8;
+      q->co.rotate = KVA_ROTATE_K;
+      snprintf(q->name, sizeof q->name, "%s rotated K", dtype_str(q->co.k_dtype));
+    }
     for (i = 0; i < 2; i++) { /* K against V: which one int4 hurts more (the other int8) */
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_KV;
@@ -737,10 +744,13 @@ void quality_model(const opts *o, const machine *m) {
            "    full cache on their tasks.\n");
       {
         const qm_cfg *f16 = NULL, *i8 = NULL, *i4 = NULL, *i4e = NULL, *k8v4 = NULL, *k4v8 = NULL, *win[MAXL] = {0}, *sink[MAXL] = {0}, *h2o[MAXL] = {0};
+        const qm_cfg *i8r = NULL, *i4r = NULL; /* with rotated keys */
         int b20 = -1;
         for (i = 0; i < n_cfg; i++) {
           const qm_cfg *q = &cf[i];
           if (q->bad) continue;
+          if (q->kind == QK_STORE && q->co.rotate) *(q->co.k_dtype == KVA_INT4 ? &i4r : &i8r) = q;
+          if (q->kind == QK_STORE && q->co.rotate) continue;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) f16 = q;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT8) i8 = q;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT4) i4 = q;
@@ -780,6 +790,10 @@ void quality_model(const opts *o, const machine *m) {
                k8v4->nll / (double)k8v4->n_nll - ref_loss, b, k4v8->nll / (double)k4v8->n_nll - ref_loss,
                b > 1.25 * a ? "int4 costs more on K" : a > 1.25 * b ? "int4 costs more on V" : "about the same either way");
         }
+        if (i8 && i4 && i8r && i4r)
+          text("  rotated keys (kva_cache_desc.rotate): int8 KL %.2e -> %.2e, int4 KL %.2e -> %.2e (head dim %d)\n",
+               i8->kl[0] / (double)i8->n_kl[0], i8r->kl[0] / (double)i8r->n_kl[0], i4->kl[0] / (double)i4->n_kl[0],
+               i4r->kl[0] / (double)i4r->n_kl[0], md.c.head_dim);
         if (b20 < 0 && o->n_budgets > 0) b20 = 0;
         if (b20 >= 0 && win[b20] && sink[b20] && h2o[b20]) {
           /* collapse: perplexity x1.5 or more; close: within 2 %; a difference: more than 10 % of the larger

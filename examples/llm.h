@@ -904,6 +904,7 @@ typedef struct {
   int block_size;                /* tokens per block; 0 = kvattn's default (16) */
   int n_blocks;                  /* pool size in blocks */
   int max_seqs;                  /* live sequences at once; 0 = kvattn's default */
+  int rotate;                    /* kva_cache_desc.rotate: KVA_ROTATE_K / KVA_ROTATE_V rows stored rotated */
 } llm_cache_opts;
 
 static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, kva_cache_desc *d) {
@@ -923,6 +924,7 @@ static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, 
   d->block_size = o->block_size;
   d->n_blocks = o->n_blocks;
   d->max_seqs = o->max_seqs;
+  d->rotate = o->rotate;
 }
 
 /* Blocks that hold n tokens of one sequence (+1 for a partly filled tail). */
