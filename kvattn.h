@@ -5,10 +5,11 @@
    MHA / MQA / GQA attention (one family: H query heads share G KV heads),
    causal prefill and decode over a paged KV cache (fixed block pool, block
    tables, ref-counted blocks, copy-on-write forks, salted prefix caching),
-   F32 / F16 / BF16 / INT8 / FP8 (E4M3, E5M2) cache storage dequantized
-   inside the kernels, sliding-window and H2O eviction, RoPE, split-K decode
-   and batched attention over many sequences, and GQA and MLA (DeepSeek
-   latent cache) layer forwards.
+   F32 / F16 / BF16 / INT8 / INT4 / FP8 (E4M3, E5M2) cache storage
+   dequantized inside the kernels (optionally Hadamard-rotated rows),
+   sliding-window and H2O eviction, layer groups for hybrid local/global
+   models, RoPE, split-K decode and batched attention over many sequences,
+   and GQA and MLA (DeepSeek latent cache) layer forwards.
    C99, the C standard library only, optional OpenMP. Every function is
    `KVA_API` (default `static inline`): include the header and call it.
 
