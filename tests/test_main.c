@@ -15,6 +15,12 @@ int kt_pass, kt_fail, kt_quick;
 int kt_fail_prints;
 const char *kt_test_name;
 
+#ifdef KT_VECTOR_SECTIONS
+/* the native sanitizer build of the test matrix: the sections whose cases run
+   the vector kernels (the baseline sanitizer build runs every section) */
+#define KT_SECTIONS(X) \
+  X(numerics) X(attend) X(cache) X(mla) X(gqa) X(quant) X(fp8bulk) X(batch) X(kernels) X(strided) X(int4)
+#else
 #define KT_SECTIONS(X) \
   X(numerics)          \
   X(attend)            \
@@ -29,6 +35,7 @@ const char *kt_test_name;
   X(tree) X(seqio)     \
   X(groups)            \
   X(rotate) X(int4)
+#endif
 
 #define KT_DECLARE(name) void test_##name(void);
 KT_SECTIONS(KT_DECLARE)
