@@ -1861,7 +1861,6 @@ static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
   for (g0 = 0; g0 < n; g0 += KVA__I4_GROUP, dst += KVA__I4_GROUP_BYTES) {
     int m = n - g0 < KVA__I4_GROUP ? n - g0 : KVA__I4_GROUP;
     float mn = FLT_MAX, mx = -FLT_MAX, scale;
-    double inv; /* in double: the range may overflow float, 1 / a subnormal scale too */
     uint8_t *codes = dst + 8;
     for (i = 0; i < m; i++) {
       float x = src[g0 + i];
@@ -1870,11 +1869,13 @@ static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
       if (x > mx) mx = x;
     }
     if (mn > mx) mn = mx = 0.0f;
-    scale = (float)(((double)mx - (double)mn) / 15.0);
-    inv = scale > 0.0f ? 1.0 / (double)scale : 0.0;
+    scale = (float)(((double)mx - (double)mn) / 15.0); /* in double: the range may overflow float */
     memset(codes, 0, (size_t)(m + 1) / 2);
     for (i = 0; i < m; i++) {
-      double v = ((double)src[g0 + i] - (double)mn) * inv;
+      /* divided, not multiplied by a reciprocal, so that a value half-way
+         between two codes rounds up as the rule says; a constant group
+         (scale 0) keeps +Inf at the top code */
+      double x = (double)src[g0 + i], v = scale > 0.0f ? (x - (double)mn) / (double)scale : x == INFINITY ? 15.0 : 0.0;
       int c;
       if (!(v == v)) v = 0.0;
       c = v >= 15.0 ? 15 : v <= 0.0 ? 0 : (int)(v + 0.5);

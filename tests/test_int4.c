@@ -50,7 +50,7 @@ static void i4_ref(const float *x, float *out, float *out_fused, int n) {
       int code;
       if (isnan(v)) c = 0.0;
       else if (scale > 0.0f) c = (v - mn) / (double)scale;
-      else c = 0.0;
+      else c = v == INFINITY ? 15.0 : 0.0;
       code = c >= 15.0 ? 15 : c <= 0.0 ? 0 : (int)floor(c + 0.5);
       prod = (float)code * scale;
       out[g0 + i] = prod + fmn;
@@ -74,7 +74,7 @@ static void i4_readback(kt_rng *r) {
   int wi, kind;
   kt_begin("int4: read-back equals the reference quantizer, within half a step; bytes per token");
   for (wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++)
-    for (kind = 0; kind < 6; kind++) {
+    for (kind = 0; kind < 7; kind++) {
       int D = widths[wi], G = 2, n = 4, i, t, bad = 0, far = 0;
       kva_cache_desc d;
       kva_cache *c = NULL;
@@ -89,7 +89,16 @@ static void i4_readback(kt_rng *r) {
           case 2: k[i] = kt_uniform(r, -3.0e38f, 3.0e38f); break;                        /* range > FLT_MAX */
           case 3: k[i] = kt_uniform(r, -1.0f, 1.0f) * 1e-39f; break;                     /* subnormals */
           case 4: k[i] = kt_int(r, 0, 5) == 0 ? (kt_int(r, 0, 1) ? INFINITY : -INFINITY) : kt_uniform(r, -1, 1); break;
-          default: k[i] = kt_int(r, 0, 5) == 0 ? NAN : kt_uniform(r, 0.5f, 4.0f); break;
+          case 5: k[i] = kt_int(r, 0, 5) == 0 ? NAN : kt_uniform(r, 0.5f, 4.0f); break;
+          default: { /* a value exactly half-way between codes 0 and 1 with a scale whose reciprocal
+                        rounds it below (found by search); a constant group of 1.0 with +Inf */
+            static const float tie_max[4] = {3.84763885f, 2.80561328f, 3.08635783f, 3.55557489f};
+            static const float tie_x[4] = {0.128254622f, 0.0935204402f, 0.102878593f, 0.118519165f};
+            int which = i / D % 4;
+            k[i] = i % D % 32 == 0 ? 0.0f : i % D % 32 == 1 ? tie_max[which] : tie_x[which];
+            if (D % 32 == 2 && i % D >= D - 2) k[i] = i % D == D - 1 ? INFINITY : 1.0f;
+            break;
+          }
         }
         v[i] = kt_uniform(r, -1.0f, 1.0f);
       }
