@@ -259,6 +259,9 @@ typedef struct {
                                         own chunk, kpos / chunk_size == qpos / chunk_size (Llama 4) */
   const float *sink_logits;          /* NULL => none; else [n_heads]: a learned logit per query head that
                                         joins every softmax's denominator with no value (GPT-OSS) */
+  int int_scores;                    /* 0 => float scores; 1 => over INT8 / INT4 keys, each query row is
+                                        quantized to int8 (one absmax scale per token and head) and
+                                        scores are integer dot products (docs/API.md, "Integer scores") */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -417,6 +420,7 @@ typedef struct {
   const float *wo, *bo;              /* [d][H*d_v] */
   kva_rope rope;                     /* on q's rope part and k_pe */
   int naive;                         /* 1: rebuild K, V per step; 0: absorbed */
+  int int_scores;                    /* absorbed over an INT8 / INT4 latent cache: kva_attn.int_scores */
   int n_threads;                     /* 0 => OpenMP's default */
   void *workspace;                   /* NULL, or caller memory for the call's temporaries (float-aligned): */
   size_t workspace_bytes;            /* when >= kva_mla_workspace_bytes(), the call allocates nothing */
@@ -847,6 +851,116 @@ KVA__FORCEINLINE void kva__vacc_tile_scalar(const kva_dtype t, float *const *acc
   }
 }
 
+/* --- integer scores (kva_attn.int_scores) ---
+   With INT8 or INT4 keys a query row may be quantized to int8 once per call,
+   symmetric with one scale per (token, head): scale = amax / 127, code =
+   round(q * 127 / amax) half away from zero, both in double. Scores are then
+   integer dot products of codes, scaled in float:
+     INT8 key:  (float)sum(qc * kc) * (qscale * kscale)
+     INT4 key:  qscale * sum over groups (gscale * sum(qc * code) + gmin * sum(qc))
+   Every ISA computes the same integers; INT8 scores are identical on every
+   ISA, INT4 ones differ in the order of the group sums. */
+#define KVA__IQ_MAX_D 16384      /* longer heads keep float scores (one row of codes must fit) */
+#define KVA__IQ_STACK_BYTES 32768 /* codes and group sums of a pass's query rows, on the stack */
+
+typedef struct {
+  const int8_t *codes;   /* [groups * 32], zero past D; for INT4 keys each group holds its even
+                            elements, then its odd ones (the order of a code byte's two nibbles) */
+  const int32_t *gsum;   /* [groups] the sum of each group's codes */
+  int32_t full_sum;      /* the sum of the codes of the whole groups (a correction for VNNI) */
+  float scale;           /* NaN when the row holds a NaN or an infinity: its scores are NaN */
+} kva__qrow;
+
+KVA__FORCEINLINE int kva__int_scored(kva_dtype kt) { return kt == KVA_INT8 || kt == KVA_INT4; }
+/* Bytes of one quantized query row of d values (codes, then group sums). */
+static inline size_t kva__qrow_bytes(int d) {
+  size_t groups = ((size_t)d + 31) / 32;
+  return groups * 32 + groups * sizeof(int32_t);
+}
+
+/* Quantize q[0..d) into mem (kva__qrow_bytes(d) bytes, int32-aligned) for keys of type kt. */
+static inline void kva__quantize_query(const float *q, int d, kva_dtype kt, void *mem, kva__qrow *out) {
+  int groups = (d + 31) / 32, i;
+  int32_t *gsum = (int32_t *)mem;
+  int8_t *codes = (int8_t *)(gsum + groups);
+  float amax = 0.0f;
+  int finite = 1;
+  double mul;
+  for (i = 0; i < d; i++) {
+    float a = fabsf(q[i]);
+    if (!(a <= FLT_MAX)) finite = 0; /* NaN or infinity */
+    else if (a > amax) amax = a;
+  }
+  memset(codes, 0, (size_t)groups * 32);
+  memset(gsum, 0, (size_t)groups * sizeof(int32_t));
+  out->codes = codes, out->gsum = gsum, out->full_sum = 0;
+  if (!finite) {
+    out->scale = NAN;
+    return;
+  }
+  out->scale = (float)((double)amax / 127.0);
+  mul = amax > 0.0f ? 127.0 / (double)amax : 0.0;
+  for (i = 0; i < d; i++) {
+    double x = (double)q[i] * mul;
+    int c = (int)(x < 0.0 ? x - 0.5 : x + 0.5), e = i % 32;
+    if (c > 127) c = 127;
+    if (c < -127) c = -127;
+    codes[i - e + (kt == KVA_INT4 ? (e & 1) * 16 + e / 2 : e)] = (int8_t)c;
+    gsum[i / 32] += c;
+    if (i < d / 32 * 32) out->full_sum += c;
+  }
+}
+
+/* sum(qc * kc) of INT8 codes [i0, d) */
+KVA__FORCEINLINE int32_t kva__idot_i8_rest(const int8_t *qc, const int8_t *kc, int i0, int d) {
+  int32_t s = 0;
+  int i;
+  for (i = i0; i < d; i++) s += (int32_t)qc[i] * (int32_t)kc[i];
+  return s;
+}
+/* sum(qc * code) of one INT4 group of m values (codes: its 16 code bytes; qc: the query's group) */
+KVA__FORCEINLINE int32_t kva__idot_i4_group(const int8_t *qc, const uint8_t *codes, int m) {
+  int32_t s = 0;
+  int e;
+  for (e = 0; e + 1 < m; e += 2) s += qc[e / 2] * (codes[e / 2] & 15) + qc[16 + e / 2] * (codes[e / 2] >> 4);
+  if (e < m) s += qc[e / 2] * (codes[e / 2] & 15);
+  return s;
+}
+/* An INT4 group's part of a score: gscale * dot + gmin * gsum */
+KVA__FORCEINLINE float kva__i4_group_part(const uint8_t *group, int32_t dot, int32_t gsum) {
+  float s, mn;
+  memcpy(&s, group, sizeof s);
+  memcpy(&mn, group + 4, sizeof mn);
+  return s * (float)dot + mn * (float)gsum;
+}
+/* INT4 groups [g0, groups) of one score, one after another */
+KVA__FORCEINLINE float kva__idot_i4_rest(const kva__qrow *q, const void *krow, int g0, int d) {
+  float s = 0.0f;
+  int g;
+  for (g = g0; g * 32 < d; g++) {
+    const uint8_t *group = (const uint8_t *)krow + (size_t)g * KVA__I4_GROUP_BYTES;
+    int m = d - g * 32 < 32 ? d - g * 32 : 32;
+    s += kva__i4_group_part(group, kva__idot_i4_group(q->codes + g * 32, group + 8, m), q->gsum[g]);
+  }
+  return s;
+}
+
+KVA__FORCEINLINE void kva__idot_tile_scalar(const kva_dtype t, const kva__qrow *q, const int nr,
+                                            const void *const *krows, int nk, int d, float *scores, int lds,
+                                            const kva__next_tile *next) {
+  int r, j;
+  for (j = 0; j < nk; j++) {
+    kva__prefetch_next(next, j);
+    for (r = 0; r < nr; r++) {
+      if (t == KVA_INT8)
+        scores[r * lds + j] = (float)kva__idot_i8_rest(q[r].codes, (const int8_t *)krows[j], 0, d) *
+                              (q[r].scale * kva__row_scale(KVA_INT8, krows[j], 1.0f));
+      else
+        scores[r * lds + j] = q[r].scale * kva__idot_i4_rest(&q[r], krows[j], 0, d);
+    }
+  }
+}
+
 /* The SIMD value kernels fold each row's scale into its probabilities first:
    returns the probabilities to use (buf, KVA__NR x KVA__TILE, with *ldp set
    to its stride, or p itself for float types). */
@@ -1169,6 +1283,185 @@ static inline void kva__fp8_encode_avx2(uint8_t *dst, const float *src, size_t n
     memcpy(dst + i + 4, &hi, 4);
   }
   kva__fp8_encode_scalar(dst + i, src + i, n - i, mul, f);
+}
+/* --- integer scores: 32 codes per step. With VNNI (AVX512-VNNI + VL, or
+   AVX-VNNI) one vpdpbusd takes unsigned bytes times signed bytes into 32-bit
+   sums; without, maddubs + madd do the same, exactly while each pair's sum
+   of products fits 16 bits (ours stay within 2 * 127 * 128). --- */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KVA__VNNI 1
+#define KVA__DPBUSD256(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define KVA__VNNI 1
+#define KVA__DPBUSD256(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else
+#define KVA__VNNI 0
+#define KVA__DPBUSD256(acc, u, s) \
+  _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+
+/* acc + sum(q * k) of 32 signed INT8 codes, per lane. VNNI: k + 128 is
+   unsigned, and the 128 * sum(q) it adds is taken off once per score (full_sum);
+   without: |q| is unsigned and k takes q's sign. */
+KVA__FORCEINLINE __m256i kva__idot32_i8_avx2(__m256i acc, __m256i k_biased, __m256i k, __m256i q) {
+#if KVA__VNNI
+  (void)k;
+  return KVA__DPBUSD256(acc, k_biased, q);
+#else
+  (void)k_biased;
+  return KVA__DPBUSD256(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(k, q));
+#endif
+}
+/* The sums of eight vectors, a[r] for key 0 then b[r] for key 1 (r < 4):
+   lanes [sum(a0) .. sum(a3), sum(b0) .. sum(b3)]. */
+KVA__FORCEINLINE __m256i kva__hsum8_epi32_avx2(__m256i a0, __m256i a1, __m256i a2, __m256i a3, __m256i b0,
+                                              __m256i b1, __m256i b2, __m256i b3) {
+  __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(b0, b1), _mm256_hadd_epi32(b2, b3));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+KVA__FORCEINLINE __m256 kva__hsum8_ps_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 b0, __m256 b1,
+                                          __m256 b2, __m256 b3) {
+  __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+/* An INT4 group's 16 code bytes as 32 unsigned bytes: the low nibbles (even
+   elements), then the high ones, the order of the query's group codes. */
+KVA__FORCEINLINE __m256i kva__i4_codes32_avx2(const uint8_t *codes) {
+  __m128i b = _mm_loadu_si128((const __m128i *)codes), m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+KVA__FORCEINLINE __m256 kva__i4_gscale_avx2(const uint8_t *group) {
+  float s;
+  memcpy(&s, group, sizeof s);
+  return _mm256_set1_ps(s);
+}
+KVA__FORCEINLINE __m128 kva__i4_gmin_avx2(const uint8_t *group) {
+  float mn;
+  memcpy(&mn, group + 4, sizeof mn);
+  return _mm_set1_ps(mn);
+}
+/* lanes r and 4 + r of v (the two keys' scores of row r) into the score rows */
+KVA__FORCEINLINE void kva__store_pair_scores_avx2(__m256 v, int nr, float *scores, int lds, int j, int both) {
+  float KVA__ALIGN(32) x[8];
+  int r;
+  _mm256_store_ps(x, v);
+  for (r = 0; r < nr; r++) {
+    scores[r * lds + j] = x[r];
+    if (both) scores[r * lds + j + 1] = x[4 + r];
+  }
+}
+
+/* Two keys per step against up to four query rows (8 accumulator chains),
+   whole groups of 32 in vectors, a shorter rest through the scalar twin's helpers. */
+KVA__FORCEINLINE void kva__idot_tile_avx2(const kva_dtype t, const kva__qrow *q, const int nr,
+                                          const void *const *krows, int nk, int d, float *scores, int lds,
+                                          const kva__next_tile *next) {
+  const int full = d / 32 * 32, groups = full / 32;
+  const int8_t *qc[4];
+  float gsum4[KVA__IQ_MAX_D / 32][4]; /* INT4: each whole group's code sums, the four rows side by side */
+  __m256 qscale;
+  __m256i corr;
+  int j, i, r, g;
+  for (r = 0; r < 4; r++) qc[r] = q[nr > r ? r : 0].codes;
+  qscale = _mm256_setr_ps(q[0].scale, q[nr > 1 ? 1 : 0].scale, q[nr > 2 ? 2 : 0].scale, q[nr > 3 ? 3 : 0].scale,
+                          q[0].scale, q[nr > 1 ? 1 : 0].scale, q[nr > 2 ? 2 : 0].scale, q[nr > 3 ? 3 : 0].scale);
+  corr = _mm256_setzero_si256();
+  if (t == KVA_INT8 && KVA__VNNI) { /* the bias vpdpbusd's unsigned keys add: 128 * the codes' sum */
+    int32_t c4[4];
+    for (r = 0; r < 4; r++) c4[r] = 128 * q[nr > r ? r : 0].full_sum;
+    corr = _mm256_setr_epi32(c4[0], c4[1], c4[2], c4[3], c4[0], c4[1], c4[2], c4[3]);
+  }
+  if (t == KVA_INT4)
+    for (g = 0; g < groups; g++)
+      for (r = 0; r < 4; r++) gsum4[g][r] = (float)q[nr > r ? r : 0].gsum[g];
+  for (j = 0; j < nk; j += 2) { /* past the end, k1 repeats k0; not stored */
+    const uint8_t *k0 = (const uint8_t *)krows[j], *k1 = (const uint8_t *)krows[j + 1 < nk ? j + 1 : j];
+    __m256 sc;
+    kva__prefetch_next(next, j);
+    kva__prefetch_next(next, j + 1);
+    if (t == KVA_INT8) {
+      __m256i a00 = _mm256_setzero_si256(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00,
+              a31 = a00, s8;
+      const __m256i bias = _mm256_set1_epi8((char)0x80);
+      for (i = 0; i < full; i += 32) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(k0 + i)), b0 = _mm256_xor_si256(x0, bias);
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(k1 + i)), b1 = _mm256_xor_si256(x1, bias), qv;
+        qv = _mm256_loadu_si256((const __m256i *)(qc[0] + i));
+        a00 = kva__idot32_i8_avx2(a00, b0, x0, qv);
+        a01 = kva__idot32_i8_avx2(a01, b1, x1, qv);
+        if (nr > 1) {
+          qv = _mm256_loadu_si256((const __m256i *)(qc[1] + i));
+          a10 = kva__idot32_i8_avx2(a10, b0, x0, qv);
+          a11 = kva__idot32_i8_avx2(a11, b1, x1, qv);
+        }
+        if (nr > 2) {
+          qv = _mm256_loadu_si256((const __m256i *)(qc[2] + i));
+          a20 = kva__idot32_i8_avx2(a20, b0, x0, qv);
+          a21 = kva__idot32_i8_avx2(a21, b1, x1, qv);
+        }
+        if (nr > 3) {
+          qv = _mm256_loadu_si256((const __m256i *)(qc[3] + i));
+          a30 = kva__idot32_i8_avx2(a30, b0, x0, qv);
+          a31 = kva__idot32_i8_avx2(a31, b1, x1, qv);
+        }
+      }
+      s8 = _mm256_sub_epi32(kva__hsum8_epi32_avx2(a00, a10, a20, a30, a01, a11, a21, a31), corr);
+      if (full < d) {
+        int32_t rest[8];
+        for (r = 0; r < 4; r++) {
+          rest[r] = kva__idot_i8_rest(qc[r], (const int8_t *)k0, full, d);
+          rest[4 + r] = kva__idot_i8_rest(qc[r], (const int8_t *)k1, full, d);
+        }
+        s8 = _mm256_add_epi32(s8, _mm256_loadu_si256((const __m256i *)rest));
+      }
+      sc = _mm256_mul_ps(_mm256_cvtepi32_ps(s8),
+                         _mm256_mul_ps(qscale, _mm256_set_m128(_mm_set1_ps(kva__row_scale(KVA_INT8, k1, 1.0f)),
+                                                               _mm_set1_ps(kva__row_scale(KVA_INT8, k0, 1.0f)))));
+    } else { /* INT4: gscale * dot per lane in float; the minimums' part per row, four rows at once */
+      __m256 f00 = _mm256_setzero_ps(), f10 = f00, f20 = f00, f30 = f00, f01 = f00, f11 = f00, f21 = f00, f31 = f00;
+      __m128 m0 = _mm_setzero_ps(), m1 = m0;
+      const __m256i z = _mm256_setzero_si256();
+      for (g = 0, i = 0; i < full; g++, i += 32) {
+        const uint8_t *g0 = k0 + (size_t)g * KVA__I4_GROUP_BYTES, *g1 = k1 + (size_t)g * KVA__I4_GROUP_BYTES;
+        const __m256i x0 = kva__i4_codes32_avx2(g0 + 8), x1 = kva__i4_codes32_avx2(g1 + 8);
+        const __m256 s0 = kva__i4_gscale_avx2(g0), s1 = kva__i4_gscale_avx2(g1);
+        const __m128 gs = _mm_loadu_ps(gsum4[g]);
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(qc[0] + i));
+        m0 = _mm_fmadd_ps(kva__i4_gmin_avx2(g0), gs, m0);
+        m1 = _mm_fmadd_ps(kva__i4_gmin_avx2(g1), gs, m1);
+        f00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x0, qv)), s0, f00);
+        f01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x1, qv)), s1, f01);
+        if (nr > 1) {
+          qv = _mm256_loadu_si256((const __m256i *)(qc[1] + i));
+          f10 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x0, qv)), s0, f10);
+          f11 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x1, qv)), s1, f11);
+        }
+        if (nr > 2) {
+          qv = _mm256_loadu_si256((const __m256i *)(qc[2] + i));
+          f20 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x0, qv)), s0, f20);
+          f21 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x1, qv)), s1, f21);
+        }
+        if (nr > 3) {
+          qv = _mm256_loadu_si256((const __m256i *)(qc[3] + i));
+          f30 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x0, qv)), s0, f30);
+          f31 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x1, qv)), s1, f31);
+        }
+      }
+      sc = _mm256_add_ps(kva__hsum8_ps_avx2(f00, f10, f20, f30, f01, f11, f21, f31), _mm256_set_m128(m1, m0));
+      if (full < d) {
+        float KVA__ALIGN(32) rest[8];
+        for (r = 0; r < 4; r++) {
+          rest[r] = kva__idot_i4_rest(&q[nr > r ? r : 0], k0, groups, d);
+          rest[4 + r] = kva__idot_i4_rest(&q[nr > r ? r : 0], k1, groups, d);
+        }
+        sc = _mm256_add_ps(sc, _mm256_load_ps(rest));
+      }
+      sc = _mm256_mul_ps(qscale, sc);
+    }
+    kva__store_pair_scores_avx2(sc, nr, scores, lds, j, j + 1 < nk);
+  }
 }
 #endif /* AVX2 */
 
@@ -1620,6 +1913,74 @@ static inline void kva__fp8_encode_neon(uint8_t *dst, const float *src, size_t n
   }
   kva__fp8_encode_scalar(dst + i, src + i, n - i, mul, f);
 }
+/* --- integer scores: SDOT (signed bytes, four products into each 32-bit
+   lane) when the compiler targets the dot-product extension; without it,
+   widening multiplies and pairwise adds give the same sums (a pair of
+   products stays within 2 * 127 * 128, which fits 16 bits). --- */
+KVA__FORCEINLINE int32x4_t kva__sdot_neon(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, a, b);
+#else
+  int16x8_t p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+  p = vmlal_s8(p, vget_high_s8(a), vget_high_s8(b));
+  return vpadalq_s16(acc, p);
+#endif
+}
+
+/* One key per step against up to four query rows; whole groups of 32 in vectors. */
+KVA__FORCEINLINE void kva__idot_tile_neon(const kva_dtype t, const kva__qrow *q, const int nr,
+                                          const void *const *krows, int nk, int d, float *scores, int lds,
+                                          const kva__next_tile *next) {
+  const int full = d / 32 * 32;
+  const int8_t *qc[4];
+  int j, i, r;
+  for (r = 0; r < 4; r++) qc[r] = q[nr > r ? r : 0].codes;
+  for (j = 0; j < nk; j++) {
+    const uint8_t *k = (const uint8_t *)krows[j];
+    kva__prefetch_next(next, j);
+    if (t == KVA_INT8) {
+      int32x4_t a0 = vdupq_n_s32(0), a1 = a0, a2 = a0, a3 = a0;
+      float ks = kva__row_scale(KVA_INT8, k, 1.0f);
+      for (i = 0; i < full; i += 16) {
+        int8x16_t kv = vld1q_s8((const int8_t *)k + i);
+        a0 = kva__sdot_neon(a0, kv, vld1q_s8(qc[0] + i));
+        if (nr > 1) a1 = kva__sdot_neon(a1, kv, vld1q_s8(qc[1] + i));
+        if (nr > 2) a2 = kva__sdot_neon(a2, kv, vld1q_s8(qc[2] + i));
+        if (nr > 3) a3 = kva__sdot_neon(a3, kv, vld1q_s8(qc[3] + i));
+      }
+      for (r = 0; r < nr; r++) {
+        int32x4_t a = r == 0 ? a0 : r == 1 ? a1 : r == 2 ? a2 : a3;
+        int32_t s = vaddvq_s32(a) + kva__idot_i8_rest(qc[r], (const int8_t *)k, full, d);
+        scores[r * lds + j] = (float)s * (q[r].scale * ks);
+      }
+    } else { /* INT4: per lane gscale * dot in float, the minimums' part per row */
+      float32x4_t f0 = vdupq_n_f32(0.0f), f1 = f0, f2 = f0, f3 = f0;
+      float mins[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      int g;
+      for (g = 0, i = 0; i < full; g++, i += 32) {
+        const uint8_t *group = k + (size_t)g * KVA__I4_GROUP_BYTES;
+        uint8x16_t b = vld1q_u8(group + 8);
+        int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15))), hi = vreinterpretq_s8_u8(vshrq_n_u8(b, 4));
+        const int32x4_t z = vdupq_n_s32(0);
+        float s, mn;
+        memcpy(&s, group, sizeof s);
+        memcpy(&mn, group + 4, sizeof mn);
+        f0 = vfmaq_n_f32(f0, vcvtq_f32_s32(kva__sdot_neon(kva__sdot_neon(z, lo, vld1q_s8(qc[0] + i)), hi, vld1q_s8(qc[0] + i + 16))), s);
+        if (nr > 1)
+          f1 = vfmaq_n_f32(f1, vcvtq_f32_s32(kva__sdot_neon(kva__sdot_neon(z, lo, vld1q_s8(qc[1] + i)), hi, vld1q_s8(qc[1] + i + 16))), s);
+        if (nr > 2)
+          f2 = vfmaq_n_f32(f2, vcvtq_f32_s32(kva__sdot_neon(kva__sdot_neon(z, lo, vld1q_s8(qc[2] + i)), hi, vld1q_s8(qc[2] + i + 16))), s);
+        if (nr > 3)
+          f3 = vfmaq_n_f32(f3, vcvtq_f32_s32(kva__sdot_neon(kva__sdot_neon(z, lo, vld1q_s8(qc[3] + i)), hi, vld1q_s8(qc[3] + i + 16))), s);
+        for (r = 0; r < nr; r++) mins[r] += mn * (float)q[r].gsum[g];
+      }
+      for (r = 0; r < nr; r++) {
+        float32x4_t f = r == 0 ? f0 : r == 1 ? f1 : r == 2 ? f2 : f3;
+        scores[r * lds + j] = q[r].scale * (vaddvq_f32(f) + mins[r] + kva__idot_i4_rest(&q[r], k, g, d));
+      }
+    }
+  }
+}
 #endif /* NEON */
 
 /* ---- the selected kernels: name##_<isa> ---- */
@@ -1703,6 +2064,38 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
     case KVA_INT4: kva__vacc_tile_i4(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     default: KVATTN_ASSERT(0); break;
   }
+}
+
+/* Integer scores: AVX-512 builds run the 256-bit kernel (VNNI through VL). */
+#if KVATTN_SIMD == KVA_SIMD_AVX512 || KVATTN_SIMD == KVA_SIMD_AVX2
+#define kva__idot_tile_isa kva__idot_tile_avx2
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+#define kva__idot_tile_isa kva__idot_tile_neon
+#else
+#define kva__idot_tile_isa kva__idot_tile_scalar
+#endif
+KVA__FORCEINLINE void kva__idot_tile_rows(const kva_dtype t, const kva__qrow *q, int nr, const void *const *krows,
+                                          int nk, int d, float *scores, int lds, const kva__next_tile *next) {
+  switch (nr) {
+    case 1: kva__idot_tile_isa(t, q, 1, krows, nk, d, scores, lds, next); break;
+    case 2: kva__idot_tile_isa(t, q, 2, krows, nk, d, scores, lds, next); break;
+    case 3: kva__idot_tile_isa(t, q, 3, krows, nk, d, scores, lds, next); break;
+    default: kva__idot_tile_isa(t, q, 4, krows, nk, d, scores, lds, next); break;
+  }
+}
+static inline void kva__idot_tile_i8(const kva__qrow *q, int nr, const void *const *krows, int nk, int d,
+                                     float *scores, int lds, const kva__next_tile *next) {
+  kva__idot_tile_rows(KVA_INT8, q, nr, krows, nk, d, scores, lds, next);
+}
+static inline void kva__idot_tile_i4(const kva__qrow *q, int nr, const void *const *krows, int nk, int d,
+                                     float *scores, int lds, const kva__next_tile *next) {
+  kva__idot_tile_rows(KVA_INT4, q, nr, krows, nk, d, scores, lds, next);
+}
+/* Scores of nr (<= 4) quantized query rows against nk INT8 or INT4 keys. */
+static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const void *const *krows, int nk, int d,
+                                  float *scores, int lds, const kva__next_tile *next) {
+  if (t == KVA_INT8) kva__idot_tile_i8(q, nr, krows, nk, d, scores, lds, next);
+  else kva__idot_tile_i4(q, nr, krows, nk, d, scores, lds, next);
 }
 
 #define kva__exp_sub_sum KVA__SEL(kva__exp_sub_sum_)
@@ -2050,6 +2443,7 @@ typedef struct {
   float alibi_max_bias;
   int chunk;              /* chunk_size, 0: none */
   const float *sinks;     /* sink_logits [H], or NULL */
+  int int_scores;         /* quantized queries over INT8 / INT4 keys */
 } kva__attn_params;
 
 /* The chunk of position p (floor division: positions may be negative in kva_attend). */
@@ -2173,6 +2567,18 @@ static inline int kva__tile_keys(int j, int kv1, int skip_lo, int skip_hi) {
   return n;
 }
 
+/* Raw scores of query rows rb .. rb + nr - 1 (nr <= KVA__NR) against a tile
+   of keys, into their rows of the tile buffer: float queries, or their int8
+   codes (iq non-NULL: integer scores). */
+static inline void kva__scores_tile(const kva__attn_params *P, const kva__kv_view *w, int g, const float *const *qr,
+                                    const kva__qrow *iq, int rb, int nr, const void *const *krows, int nk,
+                                    float *scores, const kva__next_tile *next) {
+  if (iq) kva__idot_tile(w->kt, iq + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, next);
+  else
+    kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
+                  kva__view_scale(w->k_fp8_scale, g), next);
+}
+
 /* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
    over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
    with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
@@ -2182,7 +2588,7 @@ static inline int kva__tile_keys(int j, int kv1, int skip_lo, int skip_hi) {
    order, is added to its slot's score. The scores are recomputed tile by
    tile (the pass kept no probabilities); `scores` is the pass's tile buffer. */
 static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                      const float *const *qr, const int32_t *qp, const int *qnode,
+                                      const float *const *qr, const kva__qrow *iq, const int32_t *qp, const int *qnode,
                                       const float *slope, int nrows, const float *m, const float *l, int read_pos,
                                       float *scores) {
   const void *krows[KVA__TILE], *vrows[KVA__TILE];
@@ -2196,8 +2602,7 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
     if (kva__tile_none_visible(P, qmin, qmax, kmin, kmax)) continue; /* it adds 0 to every score */
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
-                    kva__view_scale(w->k_fp8_scale, g), NULL);
+      kva__scores_tile(P, w, g, qr, iq, rb, nr, krows, nk, scores, NULL);
     }
     all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
     memset(colsum, 0, sizeof colsum);
@@ -2232,9 +2637,9 @@ static inline void kva__add_sink(float *acc, int dv, float *m, float *l, float s
   *l += expf(sink - *m);
 }
 
-static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                    const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
-                                    float *out, float *lse, int compact) {
+static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
+                                         const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
+                                         float *out, float *lse, int compact, const kva__qrow *iq) {
   float scores[KVA__MAXROWS * KVA__TILE];
   float m[KVA__MAXROWS], l[KVA__MAXROWS], slope[KVA__MAXROWS];
   const float *qr[KVA__MAXROWS];
@@ -2302,8 +2707,7 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
     next.v_bytes = nn > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
     for (rb = 0; rb < nrows; rb += KVA__NR) {
       int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
-                    kva__view_scale(w->k_fp8_scale, g), rb == 0 ? &next : NULL);
+      kva__scores_tile(P, w, g, qr, iq, rb, nr, krows, nk, scores, rb == 0 ? &next : NULL);
     }
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE;
@@ -2330,12 +2734,44 @@ static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_vie
   }
   if (P->sinks && !compact) /* a split's part leaves the sink to the merge */
     for (t = 0; t < nrows; t++) kva__add_sink(acc[t], P->DV, &m[t], &l[t], P->sinks[g * P->R + (row0 + t) % P->R]);
-  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, qp, qnode, slope, nrows, m, l, read_pos, scores);
+  if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, iq, qp, qnode, slope, nrows, m, l, read_pos, scores);
   for (t = 0; t < nrows; t++) {
     int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
     if (l[t] > 0.0f) (void)kva__scale_max(acc[t], P->DV, 1.0f / l[t]);
     if (lse) lse[compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)h] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
   }
+}
+
+/* kva__attend_rows_with for integer scores: the rows' query codes live on
+   the stack, so rows pass in groups that fit KVA__IQ_STACK_BYTES. */
+static inline void kva__attend_rows_int(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
+                                        const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
+                                        float *out, float *lse, int compact) {
+  int32_t mem[KVA__IQ_STACK_BYTES / sizeof(int32_t)];
+  kva__qrow iq[KVA__MAXROWS];
+  size_t row_bytes = kva__qrow_bytes(P->D);
+  int per = (int)(sizeof mem / row_bytes), t0, t;
+  if (per > KVA__MAXROWS) per = KVA__MAXROWS;
+  for (t0 = 0; t0 < nrows; t0 += per) {
+    int n = nrows - t0 < per ? nrows - t0 : per;
+    for (t = 0; t < n; t++) {
+      int row = row0 + t0 + t, i = row / P->R, h = g * P->R + row % P->R;
+      kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
+                          (char *)mem + (size_t)t * row_bytes, &iq[t]);
+    }
+    kva__attend_rows_with(P, w, kv0, kv1, g, q, q_pos, q_base, row0 + t0, n,
+                          compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse, compact, iq);
+  }
+}
+
+/* Rows [row0, row0+nrows) of KV head g over keys [kv0, kv1), float or integer scores. */
+static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
+                                    const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
+                                    float *out, float *lse, int compact) {
+  if (P->int_scores && kva__int_scored(w->kt) && P->D <= KVA__IQ_MAX_D)
+    kva__attend_rows_int(P, w, kv0, kv1, g, q, q_pos, q_base, row0, nrows, out, lse, compact);
+  else
+    kva__attend_rows_with(P, w, kv0, kv1, g, q, q_pos, q_base, row0, nrows, out, lse, compact, NULL);
 }
 
 /* Combine S normalised partial results of one row over disjoint key sets
@@ -2530,6 +2966,8 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   if (a->chunk_size < 0) return KVA_ERR_ARG;
   P->chunk = a->chunk_size;
   P->sinks = a->sink_logits;
+  if (a->int_scores < 0 || a->int_scores > 1) return KVA_ERR_ARG;
+  P->int_scores = a->int_scores;
   if (a->sink_logits) {
     int h;
     for (h = 0; h < a->n_heads; h++)
@@ -5222,7 +5660,7 @@ static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache 
   int dim = 0;
   if (!L || !c || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
   if (L->d_model <= 0 || L->n_heads <= 0 || L->d_latent <= 0 || L->d_nope <= 0 || L->d_rope < 0 || L->d_v <= 0 ||
-      L->q_lora_rank < 0 || L->n_threads < 0 || L->norm_eps < 0.0f)
+      L->q_lora_rank < 0 || L->n_threads < 0 || L->norm_eps < 0.0f || L->int_scores < 0 || L->int_scores > 1)
     return KVA_ERR_ARG;
   if (L->n_heads > (1 << 16) || L->d_latent > (1 << 16) || L->d_nope > (1 << 16) || L->d_rope > (1 << 16) ||
       L->d_v > (1 << 16))
@@ -5311,6 +5749,7 @@ static inline kva_status kva__mla_attend_absorbed(const kva_mla_layer *L, kva_ca
   memset(&a, 0, sizeof a);
   a.n_heads = H; a.n_kv_heads = 1; a.head_dim = latent_width; a.v_dim = d_latent; a.scale = scale;
   a.n_threads = L->n_threads;
+  a.int_scores = L->int_scores;
   st = kva_attend_cache(c, seq, layer, &a, w->q_absorbed, n_tokens, w->o_latent);
   /* o[h] = W_UV[h] . (sum_t p c_t) + b_uv[h] */
   for (t = 0; st == KVA_OK && t < n_tokens; t++)

@@ -318,6 +318,41 @@ static inline void ref_linear(const float *W, const float *b, const double *x, i
 /* ------------------------------------------------------------------------ */
 /* Helpers for comparing float results against double references.           */
 
+/* Integer scores (kva_attn.int_scores), from docs/API.md "Integer scores": a
+   query row of d floats becomes int8 codes with one symmetric scale,
+   scale = (float)(amax / 127), code = round(q * 127 / amax) half away from
+   zero in double, clamped to +-127; amax 0 gives codes 0. Returns 0 when the
+   row holds a NaN or an infinity (its scores are then NaN). */
+static inline int ref_query_codes(const float *q, int d, int *codes, float *scale) {
+  double amax = 0.0;
+  int i;
+  for (i = 0; i < d; i++) {
+    if (!isfinite((double)q[i])) return 0;
+    if (fabs((double)q[i]) > amax) amax = fabs((double)q[i]);
+  }
+  *scale = (float)(amax / 127.0);
+  for (i = 0; i < d; i++) {
+    double x = amax > 0.0 ? (double)q[i] * (127.0 / amax) : 0.0;
+    double c = x < 0.0 ? -floor(-x + 0.5) : floor(x + 0.5);
+    codes[i] = c > 127.0 ? 127 : c < -127.0 ? -127 : (int)c;
+  }
+  return 1;
+}
+/* The query the integer scores see: code * scale per value, rows of d in place. */
+static inline void ref_int_query(double *q, const float *qf, size_t rows, int d) {
+  int *codes = (int *)malloc(sizeof(int) * (size_t)d), i;
+  size_t r;
+  for (r = 0; r < rows; r++) {
+    float scale;
+    if (!ref_query_codes(qf + r * (size_t)d, d, codes, &scale)) {
+      for (i = 0; i < d; i++) q[r * (size_t)d + (size_t)i] = NAN;
+      continue;
+    }
+    for (i = 0; i < d; i++) q[r * (size_t)d + (size_t)i] = (double)codes[i] * (double)scale;
+  }
+  free(codes);
+}
+
 static inline double *ref_dup_f(const float *x, size_t n) {
   size_t i;
   double *d = (double *)calloc(n ? n : 1, sizeof(double)); /* calloc: an empty array still reads as 0 */

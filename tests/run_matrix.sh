@@ -226,7 +226,7 @@ s_asan_ubsan() {
 # running: the sections that run the vector kernels, at the quick sizes
 VECTOR_SRCS=(tests/test_main.c tests/test_numerics.c tests/test_attend.c tests/test_cache.c tests/test_mla.c
              tests/test_gqa.c tests/test_quant.c tests/test_fp8bulk.c tests/test_batch.c tests/test_kernels.c
-             tests/test_strided.c tests/test_int4.c)
+             tests/test_strided.c tests/test_int4.c tests/test_iscores.c)
 s_asan_ubsan_native() {
     local d=$B/asan-ubsan-native
     need_header && need_tests || return 1
@@ -444,12 +444,18 @@ s_one_copy() {
     done
 }
 
+# NEON with the dot-product extension (SDOT for integer scores; qemu's "max"
+# CPU has it), then the kernel sections again without it (widening multiplies)
 s_neon() {
     if [ "$HOST" = aarch64 ]; then   # native aarch64 host: no emulator needed
         build_tests neon "$CC" -std=c99 -O2 && run "$B/neon/kvattn_test"
     else
-        build_tests neon "$AARCH64_CC" -std=c99 -O2 -static &&
-            run env KVA_TEST_QUICK=1 "$QEMU_AARCH64" "$B/neon/kvattn_test"
+        build_tests neon "$AARCH64_CC" -std=c99 -O2 -static -march=armv8.2-a+dotprod &&
+            run env KVA_TEST_QUICK=1 QEMU_CPU=max "$QEMU_AARCH64" "$B/neon/kvattn_test" || return 1
+        mkdir -p "$B/neon-nodot"
+        x "$AARCH64_CC" -std=c99 -O2 -static -DKT_ISA_SECTIONS "${INC[@]}" tests/test_main.c tests/test_kernels.c \
+            tests/test_iscores.c -o "$B/neon-nodot/kvattn_test" -lm &&
+            run env KVA_TEST_QUICK=1 "$QEMU_AARCH64" "$B/neon-nodot/kvattn_test"
     fi
 }
 

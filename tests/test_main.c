@@ -19,7 +19,11 @@ const char *kt_test_name;
 /* the native sanitizer build of the test matrix: the sections whose cases run
    the vector kernels (the baseline sanitizer build runs every section) */
 #define KT_SECTIONS(X) \
-  X(numerics) X(attend) X(cache) X(mla) X(gqa) X(quant) X(fp8bulk) X(batch) X(kernels) X(strided) X(int4)
+  X(numerics) X(attend) X(cache) X(mla) X(gqa) X(quant) X(fp8bulk) X(batch) X(kernels) X(strided) X(int4) X(iscores)
+#elif defined(KT_ISA_SECTIONS)
+/* the matrix's second NEON build (without the dot-product extension): the
+   sections that test the kernels themselves */
+#define KT_SECTIONS(X) X(kernels) X(iscores)
 #else
 #define KT_SECTIONS(X) \
   X(numerics)          \
@@ -34,7 +38,8 @@ const char *kt_test_name;
   X(kernels) X(strided) \
   X(tree) X(seqio)     \
   X(groups)            \
-  X(rotate) X(int4)
+  X(rotate) X(int4)   \
+  X(iscores)
 #endif
 
 #define KT_DECLARE(name) void test_##name(void);
