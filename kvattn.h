@@ -1483,6 +1483,12 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
   __m512i c;
   if (!m) return _mm512_setzero_ps(); /* (past the row: not even its group) */
   codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
+  if (m == 0xffffu) { /* a whole half group: 8 code bytes, nibbles interleaved back into element order */
+    __m128i b = _mm_loadl_epi64((const __m128i *)codes), low4 = _mm_set1_epi8(15);
+    b = _mm_unpacklo_epi8(_mm_and_si128(b, low4), _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+    return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(s)),
+                         _mm512_set1_ps(mn));
+  }
   lanes = lanes - ((lanes >> 1) & 0x5555u); /* popcount of 16 bits */
   lanes = (lanes & 0x3333u) + ((lanes >> 2) & 0x3333u);
   n = (((lanes + (lanes >> 4)) & 0x0f0fu) * 0x0101u & 0xffffu) >> 8;
@@ -2268,7 +2274,7 @@ static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
       /* divided, not multiplied by a reciprocal, so that a value half-way
          between two codes rounds up as the rule says; a constant group
          (scale 0) keeps +Inf at the top code */
-      double x = (double)src[g0 + i], v = scale > 0.0f ? (x - (double)mn) / (double)scale : x == INFINITY ? 15.0 : 0.0;
+      double x = (double)src[g0 + i], v = scale > 0.0f ? (x - (double)mn) / (double)scale : x == (double)INFINITY ? 15.0 : 0.0;
       int c;
       if (!(v == v)) v = 0.0;
       c = v >= 15.0 ? 15 : v <= 0.0 ? 0 : (int)(v + 0.5);
