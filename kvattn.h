@@ -188,7 +188,10 @@
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
-#define KVA__PREFETCH(p) __builtin_prefetch(p)
+/* into L2, not L1 (locality 2: prefetcht1 on x86): a tile's rows arrive
+   while the one before computes, and L1 fills left free for the loads that
+   compute; measured on Zen 4 this halved a cold 32K-token decode */
+#define KVA__PREFETCH(p) __builtin_prefetch(p, 0, 2)
 #define KVA__FORCEINLINE static inline __attribute__((always_inline))
 #define KVA__ALIGN(n) __attribute__((aligned(n)))
 #else
