@@ -21,9 +21,11 @@ static double dtype_target(kva_dtype dt) {
    turns (time_interleaved) so that their ratios share the machine's conditions. Rows: section
    decode_dtype. */
 static void run_dtype_block(const opts *o, const machine *m, rows *t) {
-  static const kva_dtype dts[] = {KVA_F16, KVA_INT8, KVA_INT8, KVA_INT4, KVA_INT4, KVA_FP8_E4M3, KVA_FP8_E5M2};
-  static const int int_scores[] = {0, 0, 1, 0, 1, 0, 0};
-  enum { ND = 7 };
+  static const kva_dtype dts[] = {KVA_F16,      KVA_INT8,     KVA_INT8, KVA_INT4, KVA_INT4,
+                                  KVA_FP8_E4M3, KVA_FP8_E5M2, KVA_INT8, KVA_INT4};
+  static const int int_scores[] = {0, 0, 1, 0, 1, 0, 0, 1, 1};
+  static const int rotate[] = {0, 0, 0, 0, 0, 0, 0, KVA_ROTATE_K | KVA_ROTATE_V, KVA_ROTATE_K | KVA_ROTATE_V};
+  enum { ND = 9 };
   shape s = variant_shape(V_GQA, o->H, o->G, o->D);
   long ctx = 0;
   kva_cache *c[ND];
@@ -38,11 +40,14 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
     if (o->ctx[i] > ctx) ctx = o->ctx[i];
   for (i = 0; i < ND; i++) {
     c[i] = NULL;
-    if (int_scores[i] && i > 0 && dts[i - 1] == dts[i]) { /* the same cache, integer scores */
+    if (int_scores[i] && i > 0 && dts[i - 1] == dts[i] && rotate[i - 1] == rotate[i]) { /* the same cache */
       st[i] = st[i - 1], seq[i] = seq[i - 1];
     } else {
-      progress("decode per dtype: %s ctx=%ld, filling the cache", dtype_str(dts[i]), ctx);
+      progress("decode per dtype: %s%s ctx=%ld, filling the cache", dtype_str(dts[i]), rotate[i] ? " rotated" : "",
+               ctx);
+      g_build_rotate = rotate[i];
       st[i] = build_cache(&s, dts[i], ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c[i], &seq[i]);
+      g_build_rotate = 0;
     }
     if (st[i] != KVA_OK) continue;
     memset(&x[n], 0, sizeof x[n]);
@@ -62,13 +67,13 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
   for (i = 0; i < ND; i++) {
     row *w = rows_add(t, "decode_dtype");
     timing *ti = NULL, *base = NULL;
-    double tgt = dtype_target(dts[i]);
+    double tgt = rotate[i] ? 0 : dtype_target(dts[i]);
     for (j = 0; j < n; j++) {
       if (idx[j] == i) ti = &tm[j];
       if (dts[idx[j]] == KVA_F16 && tm[j].st == KVA_OK) base = &tm[j];
     }
     set_shape_cols(w, &s, dts[i]);
-    if (int_scores[i]) rs(w, C_DTYPE, "%s+iq", dtype_str(dts[i]));
+    if (int_scores[i]) rs(w, C_DTYPE, "%s+iq%s", dtype_str(dts[i]), rotate[i] ? " rot" : "");
     rn(w, C_CTX, (double)ctx);
     rn(w, C_THREADS, 1);
     rs(w, C_MODE, "cold");
@@ -93,6 +98,7 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
       rs(w, C_PASS, ti->med / base->med <= tgt ? "met" : "missed");
     }
     rs(w, C_NOTE, "%s", dts[i] == KVA_F16 ? "the base"
+                        : rotate[i] ? "K and V rotated (kva_cache_desc.rotate), integer scores"
                         : int_scores[i] ? "integer scores: int8 query codes (kva_attn.int_scores = 1)"
                         : dts[i] == KVA_INT8 ? "1 B/value + an fp32 scale per token and KV head"
                         : dts[i] == KVA_INT4 ? "4 bits/value + an fp32 scale and minimum per 32 values"
@@ -250,6 +256,56 @@ static void print_decode_lines(const rows *t, const opts *o) {
   rows_free(&d);
 }
 
+/* Rotation's cost per stored token: kva_store of 4,096 tokens (chunks of 256, one layer, K and V,
+   1 thread) into INT8 and INT4 caches with and without kva_cache_desc.rotate, best of 5. */
+static void run_rotation_store(const opts *o) {
+  static const kva_dtype dts[2] = {KVA_INT8, KVA_INT4};
+  const int n = 4096, chunk = 256, G = o->G, D = o->D;
+  uint64_t rng = o->seed + 11;
+  float *k = rand_floats((size_t)chunk * G * D, &rng), *v = rand_floats((size_t)chunk * G * D, &rng);
+  int di, rot;
+  if (g_fmt != OUT_TABLE) goto done;
+  printf("Rotation's cost per stored token: kva_store of %d tokens (chunks of %d, G=%d D=%d, K and V, 1 thread),\n"
+         "  best of 5 (the decode step's cost is the \"rot\" rows above)\n", n, chunk, G, D);
+  printf("dtype  ns/token plain  ns/token rotated  rotated / plain\n");
+  printf("-----  --------------  ----------------  ---------------\n");
+  for (di = 0; di < 2; di++) {
+    double best[2];
+    for (rot = 0; rot < 2; rot++) {
+      kva_cache_desc d;
+      kva_cache *c = NULL;
+      int seq, rep, t;
+      memset(&d, 0, sizeof d);
+      d.n_layers = 1, d.n_kv_heads = G, d.head_dim = D, d.block_size = 16, d.n_blocks = n / 16;
+      d.dtype = dts[di], d.rotate = rot ? KVA_ROTATE_K | KVA_ROTATE_V : 0;
+      best[rot] = -1;
+      if (kva_cache_create(&d, &c) != KVA_OK) continue;
+      for (rep = 0; rep < 5; rep++) {
+        double t0;
+        if (kva_seq_new(c, &seq) != KVA_OK) break;
+        t0 = now_s();
+        for (t = 0; t < n; t += chunk)
+          if (kva_seq_append(c, seq, chunk) != KVA_OK || kva_store(c, seq, 0, k, v, chunk) != KVA_OK) break;
+        t0 = now_s() - t0;
+        if (t == n && (best[rot] < 0 || t0 < best[rot])) best[rot] = t0;
+        kva_seq_free(c, seq);
+      }
+      kva_cache_destroy(c);
+    }
+    if (best[0] > 0 && best[1] > 0)
+      printf("%-5s  %14.0f  %16.0f  %15.2f\n", dtype_str(dts[di]), best[0] / n * 1e9, best[1] / n * 1e9,
+             best[1] / best[0]);
+    else {
+      printf("%-5s  (failed)\n", dtype_str(dts[di]));
+      g_failed = 1;
+    }
+  }
+  printf("\n");
+done:
+  free(k);
+  free(v);
+}
+
 /* bytes of one stored K row of dim values in type dt (from the library: one layer, one KV head) */
 static size_t row_bytes(kva_dtype dt, int dim) {
   kva_cache_desc d;
@@ -318,6 +374,7 @@ void summary_speed(const opts *o, const machine *m) {
         rn(&t.r[i], C_RELRMS, err[k]);
   print_dtype_block(&t, o, err_ctx);
   emit_rows(&t);
+  run_rotation_store(o);
   rows_free(&t);
   run_limits(o, m);
 }
