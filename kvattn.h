@@ -1486,11 +1486,18 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
   __m512i c;
   if (!m) return _mm512_setzero_ps(); /* (past the row: not even its group) */
   codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
-  if (m == 0xffffu) { /* a whole half group: 8 code bytes, nibbles interleaved back into element order */
-    __m128i b = _mm_loadl_epi64((const __m128i *)codes), low4 = _mm_set1_epi8(15);
-    b = _mm_unpacklo_epi8(_mm_and_si128(b, low4), _mm_and_si128(_mm_srli_epi16(b, 4), low4));
-    return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(s)),
-                         _mm512_set1_ps(mn));
+  if (m == 0xffffu) {
+    /* a whole half group: the group's 16 possible values (code * scale + min, rounded as
+       below) fill one register, and each lane picks its own by its code: vpermps reads
+       the low 4 bits of a lane's index, so a byte's low nibble needs no mask */
+    const __m512 lut = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(s)),
+        _mm512_set1_ps(mn));
+    __m128i b = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)codes),
+                                 _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+    __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(b),
+                                    _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
+    return _mm512_permutexvar_ps(idx, lut);
   }
   lanes = lanes - ((lanes >> 1) & 0x5555u); /* popcount of 16 bits */
   lanes = (lanes & 0x3333u) + ((lanes >> 2) & 0x3333u);
