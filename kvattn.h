@@ -4963,8 +4963,11 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
 
 /* --- rotation (kva_cache_desc.rotate) --- */
 
-/* x (n a power of two) times the Hadamard matrix scaled by 1/sqrt(n) */
-static inline void kva__fwht(float *x, int n) {
+/* x (n a power of two) times the Hadamard matrix scaled by 1/sqrt(n): the
+   butterflies (a, b) -> (a + b, a - b) at distances 1, 2, 4, ..., then the
+   scale. Every butterfly is the same two float operations whatever the
+   order, so the vector version below gives these bits. */
+static inline void kva__fwht_scalar(float *x, int n) {
   float s = (float)(1.0 / sqrt((double)n));
   int h, i, j;
   for (h = 1; h < n; h *= 2)
@@ -4976,6 +4979,44 @@ static inline void kva__fwht(float *x, int n) {
       }
   for (i = 0; i < n; i++) x[i] *= s;
 }
+#if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
+/* one butterfly stage inside 8 lanes: partner = the lanes swapped at distance h, the
+   lower lane of each pair keeps a + b, the upper gets a - b (partner - self) */
+KVA__FORCEINLINE __m256 kva__fwht8_stage_avx2(__m256 v, __m256 partner, const int upper_mask) {
+  __m256 sum = _mm256_add_ps(v, partner), diff = _mm256_sub_ps(partner, v);
+  switch (upper_mask) {
+    case 0xaa: return _mm256_blend_ps(sum, diff, 0xaa);
+    case 0xcc: return _mm256_blend_ps(sum, diff, 0xcc);
+    default: return _mm256_blend_ps(sum, diff, 0xf0);
+  }
+}
+static inline void kva__fwht_avx2(float *x, int n) {
+  const __m256 s = _mm256_set1_ps((float)(1.0 / sqrt((double)n)));
+  int h, i, j;
+  if (n < 8) {
+    kva__fwht_scalar(x, n);
+    return;
+  }
+  for (i = 0; i < n; i += 8) { /* distances 1, 2, 4 inside each vector */
+    __m256 v = _mm256_loadu_ps(x + i);
+    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0xb1), 0xaa);
+    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0x4e), 0xcc);
+    v = kva__fwht8_stage_avx2(v, _mm256_permute2f128_ps(v, v, 1), 0xf0);
+    _mm256_storeu_ps(x + i, v);
+  }
+  for (h = 8; h < n; h *= 2)
+    for (i = 0; i < n; i += 2 * h)
+      for (j = i; j < i + h; j += 8) {
+        __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+        _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+        _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+      }
+  for (i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+}
+#define kva__fwht kva__fwht_avx2
+#else
+#define kva__fwht kva__fwht_scalar
+#endif
 /* A row of n values in the rotated basis and back (the transform is its own
    inverse): whole for a power of two up to 1024, else per group of 32. */
 static inline void kva__rotate_row(float *x, int n) {

@@ -27,6 +27,7 @@ typedef struct {
   int kind, pct;     /* pct: eviction budget in percent of seq_len */
   char name[64];
   llm_cache_opts co;
+  int int_scores;    /* kva_attn.int_scores of its attention calls */
   kva_dtype ldt[64]; /* mixed: per-layer types (co.layer_dtype points here) */
   kva_evict ev;
   kva_cache *c;
@@ -126,6 +127,7 @@ static kva_status qm_window(const llm_model *m, llm_state *s, qm_cfg *q, const i
   const int V = m->c.vocab_size, W = m->c.seq_len, evict = q->ev.kind != KVA_EVICT_NONE;
   int seq, done = 0;
   kva_status st;
+  s->int_scores = q->int_scores;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict && (st = kva_seq_set_evict(q->c, seq, &q->ev)) != KVA_OK) {
     kva_seq_free(q->c, seq);
@@ -188,6 +190,7 @@ static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokeniz
   const char *c;
   *ok = 0;
   text[0] = 0;
+  s->int_scores = q->int_scores;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict) st = kva_seq_set_evict(q->c, seq, &q->ev);
   if (st == KVA_OK) {
@@ -479,6 +482,13 @@ void quality_model(const opts *o, const machine *m) {
       q->co.rotate = KVA_ROTATE_K;
       snprintf(q->name, sizeof q->name, "%s rotated K", dtype_str(q->co.k_dtype));
     }
+    for (i = 0; i < 2; i++) { /* int8 and int4 with integer scores (kva_attn.int_scores) */
+      qm_cfg *q = &cf[n_cfg++];
+      q->kind = QK_STORE;
+      q->co.k_dtype = q->co.v_dtype = i ? KVA_INT4 : KVA_INT8;
+      q->int_scores = 1;
+      snprintf(q->name, sizeof q->name, "%s int. scores", dtype_str(q->co.k_dtype));
+    }
     for (i = 0; i < 2; i++) { /* K against V: which one int4 hurts more (the other int8) */
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_KV;
@@ -745,12 +755,15 @@ void quality_model(const opts *o, const machine *m) {
       {
         const qm_cfg *f16 = NULL, *i8 = NULL, *i4 = NULL, *i4e = NULL, *k8v4 = NULL, *k4v8 = NULL, *win[MAXL] = {0}, *sink[MAXL] = {0}, *h2o[MAXL] = {0};
         const qm_cfg *i8r = NULL, *i4r = NULL; /* with rotated keys */
+        const qm_cfg *i8q = NULL, *i4q = NULL; /* with integer scores */
         int b20 = -1;
         for (i = 0; i < n_cfg; i++) {
           const qm_cfg *q = &cf[i];
           if (q->bad) continue;
           if (q->kind == QK_STORE && q->co.rotate) *(q->co.k_dtype == KVA_INT4 ? &i4r : &i8r) = q;
           if (q->kind == QK_STORE && q->co.rotate) continue;
+          if (q->kind == QK_STORE && q->int_scores) *(q->co.k_dtype == KVA_INT4 ? &i4q : &i8q) = q;
+          if (q->kind == QK_STORE && q->int_scores) continue;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) f16 = q;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT8) i8 = q;
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT4) i4 = q;
@@ -794,6 +807,10 @@ void quality_model(const opts *o, const machine *m) {
           text("  rotated keys (kva_cache_desc.rotate): int8 KL %.2e -> %.2e, int4 KL %.2e -> %.2e (head dim %d)\n",
                i8->kl[0] / (double)i8->n_kl[0], i8r->kl[0] / (double)i8r->n_kl[0], i4->kl[0] / (double)i4->n_kl[0],
                i4r->kl[0] / (double)i4r->n_kl[0], md.c.head_dim);
+        if (i8 && i4 && i8q && i4q)
+          text("  integer scores (kva_attn.int_scores, int8 query codes): int8 KL %.2e -> %.2e, int4 KL %.2e -> %.2e\n",
+               i8->kl[0] / (double)i8->n_kl[0], i8q->kl[0] / (double)i8q->n_kl[0], i4->kl[0] / (double)i4->n_kl[0],
+               i4q->kl[0] / (double)i4q->n_kl[0]);
         if (b20 < 0 && o->n_budgets > 0) b20 = 0;
         if (b20 >= 0 && win[b20] && sink[b20] && h2o[b20]) {
           /* collapse: perplexity x1.5 or more; close: within 2 %; a difference: more than 10 % of the larger

@@ -38,6 +38,7 @@ typedef struct {
   float fp8_k, fp8_v; /* 0: not given */
   const char *fp8_calib;
   int threads, block_size, chunk, max_batch, kv_blocks;
+  int int_scores, rotate; /* kva_attn.int_scores; kva_cache_desc.rotate */
   const char *ppl, *ppl_tokens, *serve, *logits_tokens;
 } options;
 
@@ -69,7 +70,10 @@ static void usage(FILE *f) {
           "  -y TEXT       system prompt (chat; with --serve, text put in front of every prompt line)\n"
           "KV cache:\n"
           "  --kv-dtype T[,T...]  storage of K and V: f32 (default), f16, bf16, int8 (a scale per token\n"
-          "                and head), fp8_e4m3, fp8_e5m2.  A comma list runs each (for --ppl)\n"
+          "                and head), int4 (a scale and minimum per 32 values), fp8_e4m3, fp8_e5m2.\n"
+          "                A comma list runs each (for --ppl)\n"
+          "  --int-scores 0|1   1: over int8 / int4 keys, queries as int8 codes and integer dot products\n"
+          "  --rotate none|k|v|kv   store those rows Walsh-Hadamard rotated (spreads outlier channels)\n"
           "  --k-dtype T / --v-dtype T   K or V alone (overrides --kv-dtype for that half)\n"
           "  --layer-dtypes SPEC  per layer, K and V alike: comma-separated T or T:N; T:N takes N layers\n"
           "                in order, one item without :N takes the layers left over, in its place;\n"
@@ -129,7 +133,7 @@ static int parse_dtype(const char *s, kva_dtype *t) {
   } names[] = {{"f32", KVA_F32},          {"f16", KVA_F16},          {"bf16", KVA_BF16},
                {"int8", KVA_INT8},        {"fp8_e4m3", KVA_FP8_E4M3}, {"fp8_e5m2", KVA_FP8_E5M2},
                {"fp8", KVA_FP8_E4M3},     {"e4m3", KVA_FP8_E4M3},    {"e5m2", KVA_FP8_E5M2},
-               {"fp32", KVA_F32},         {"fp16", KVA_F16}};
+               {"fp32", KVA_F32},         {"fp16", KVA_F16},         {"int4", KVA_INT4}};
   size_t i;
   for (i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strcmp(s, names[i].name) == 0) {
@@ -290,16 +294,24 @@ static void parse_args(int argc, char **argv, options *o) {
         if (c) *c = '\0';
         if (o->n_dtypes == MAX_CONFIGS) die("--kv-dtype: more than %d types", MAX_CONFIGS);
         if (!parse_dtype(p, &o->dtypes[o->n_dtypes++]))
-          die("--kv-dtype: '%s' is not a type (f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2)", p);
+          die("--kv-dtype: '%s' is not a type (f32, f16, bf16, int8, int4, fp8_e4m3, fp8_e5m2)", p);
         if (!c) break;
         p = c + 1;
       }
     } else if (strcmp(f, "--k-dtype") == 0 || strcmp(f, "--v-dtype") == 0) {
       kva_dtype t;
-      if (!parse_dtype(v, &t)) die("%s: '%s' is not a type (f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2)", f, v);
+      if (!parse_dtype(v, &t)) die("%s: '%s' is not a type (f32, f16, bf16, int8, int4, fp8_e4m3, fp8_e5m2)", f, v);
       if (f[2] == 'k') o->k_dtype = t;
       else o->v_dtype = t;
     } else if (strcmp(f, "--layer-dtypes") == 0) o->layer_spec = v;
+    else if (strcmp(f, "--int-scores") == 0) o->int_scores = parse_int(f, v, 0, 1);
+    else if (strcmp(f, "--rotate") == 0) {
+      if (strcmp(v, "none") == 0) o->rotate = 0;
+      else if (strcmp(v, "k") == 0) o->rotate = KVA_ROTATE_K;
+      else if (strcmp(v, "v") == 0) o->rotate = KVA_ROTATE_V;
+      else if (strcmp(v, "kv") == 0) o->rotate = KVA_ROTATE_K | KVA_ROTATE_V;
+      else die("--rotate: '%s' is not none, k, v or kv", v);
+    }
     else if (strcmp(f, "--evict") == 0) {
       if (o->n_evict == MAX_CONFIGS) die("--evict: more than %d policies", MAX_CONFIGS);
       parse_evict(v, &o->evict[o->n_evict++]);
@@ -381,6 +393,7 @@ static int build_configs(const options *o, const llm_model *m, config *cfg) {
       memset(c, 0, sizeof *c);
       c->evict = &o->evict[e];
       c->cache.block_size = o->block_size;
+      c->cache.rotate = o->rotate;
       if (o->layer_spec) {
         parse_layers(o->layer_spec, m->c.n_layers, c->layer);
         c->has_layers = 1;
@@ -590,6 +603,7 @@ static void generate(const options *o, config *c, int steps) {
   }
   cache = make_cache(c, llm_blocks_for(&c->cache, (long)steps + 1), 2);
   if (!llm_state_init(&st, &model, n_prompt < 512 ? n_prompt : 512, o->threads)) die("out of memory");
+  st.int_scores = o->int_scores;
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted (budget %d, sinks %d, recent %d)", c->evict->text, ev.budget, ev.n_sink, ev.n_recent);
@@ -666,6 +680,7 @@ static void chat(const options *o, config *c, int steps) {
   load_tokenizer(o);
   cache = make_cache(c, llm_blocks_for(&c->cache, (long)steps + 1), 2);
   if (!llm_state_init(&st, &model, 512, o->threads)) die("out of memory");
+  st.int_scores = o->int_scores;
   if (!llm_sampler_init(&smp, model.c.vocab_size, o->temperature, o->topp, o->seed)) die("out of memory");
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
@@ -754,6 +769,7 @@ static void perplexity(const options *o, config *cfg, int n_cfg, const int32_t *
   if (rows > cap) rows = cap < 1 ? 1 : (int)cap;
   if (n < 2) die("--ppl: fewer than 2 tokens, nothing to predict");
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory");
+  st.int_scores = o->int_scores;
   for (ci = 0; ci < n_cfg; ci++) {
     config *c = &cfg[ci];
     kva_cache *cache;
@@ -798,6 +814,7 @@ static void dump_logits(const options *o, config *c, const int32_t *tok, int n) 
   fp8_scales(o, c, o->threads);
   cache = make_cache(c, llm_blocks_for(&c->cache, n), 2);
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory (%d rows of logits)", rows);
+  st.int_scores = o->int_scores;
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted", c->evict->text);
@@ -923,6 +940,7 @@ static void serve(const options *o, config *c, int steps) {
                           : o->max_batch * llm_blocks_for(&c->cache, (long)steps + 1) + llm_blocks_for(&c->cache, lcp);
   cache = make_cache(c, n_blocks, o->max_batch + 2);
   if (!llm_state_init(&st, &model, max_rows, o->threads)) die("out of memory");
+  st.int_scores = o->int_scores;
   seqs = (int *)malloc((size_t)max_rows * sizeof(int));
   nq = (int *)malloc((size_t)max_rows * sizeof(int));
   lrow = (int *)malloc((size_t)max_rows * sizeof(int));

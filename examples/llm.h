@@ -954,6 +954,7 @@ static inline size_t llm_cache_bytes_per_token(const llm_model *m, const llm_cac
 typedef struct {
   int max_rows;        /* token rows one call of llm_forward_rows takes */
   int n_threads;       /* matrix products and kvattn calls */
+  int int_scores;      /* kva_attn.int_scores of the attention calls (integer scores over INT8 / INT4 keys) */
   float *x, *xb, *xb2; /* [max_rows][dim] residual stream and scratch */
   float *q, *att;      /* [max_rows][dim] */
   float *k, *v;        /* [max_rows][kv_dim] */
@@ -1002,6 +1003,7 @@ static inline void llm__attn_shape(const llm_model *m, const llm_state *s, kva_a
   a->n_kv_heads = m->c.n_kv_heads;
   a->head_dim = m->c.head_dim;
   a->n_threads = s->n_threads;
+  a->int_scores = s->int_scores;
 }
 
 /* The rows of n_seqs sequences, one after another: sequence i has n_q[i]

@@ -2404,6 +2404,8 @@ static void check_bad_input(uint64_t seed) {
                "'%s' -z '%s' --layer-dtypes f16:x --logits-tokens '%s'", ck, tk, idp);
   expect_error("--layer-dtypes int3", "int3", "'%s' -z '%s' --layer-dtypes int3 --logits-tokens '%s'",
                ck, tk, idp);
+  expect_error("--int-scores 2", "--int-scores", "'%s' -z '%s' --int-scores 2 --logits-tokens '%s'", ck, tk, idp);
+  expect_error("--rotate sideways", "--rotate", "'%s' -z '%s' --rotate sideways --logits-tokens '%s'", ck, tk, idp);
   expect_error("no checkpoint argument", NULL, "");
 
   /* token ids and input files */

@@ -376,6 +376,27 @@ static void rt_errors(void) {
   kva_cache_destroy(c), kva_cache_destroy(c2);
 }
 
+/* white box: the build's transform (kva__fwht: vector on x86) gives the scalar twin's bits,
+   NaN and infinities included, at every power of two up to 1,024 */
+static void rt_fwht_twin(kt_rng *r) {
+  static float a[1024], b[1024];
+  int n, it, bad = 0;
+  kt_begin("rotate: the build's Walsh-Hadamard transform equals the scalar twin bit for bit");
+  for (n = 1; n <= 1024; n *= 2)
+    for (it = 0; it < 20; it++) {
+      int i;
+      for (i = 0; i < n; i++) {
+        a[i] = kt_uniform(r, -1.0f, 1.0f) * (it % 4 == 1 ? 3e37f : 1.0f);
+        if (it % 4 == 2 && kt_int(r, 0, 15) == 0) a[i] = kt_int(r, 0, 2) == 0 ? NAN : kt_int(r, 0, 1) ? INFINITY : -INFINITY;
+        b[i] = a[i];
+      }
+      kva__fwht(a, n);
+      kva__fwht_scalar(b, n);
+      bad += memcmp(a, b, (size_t)n * sizeof(float)) != 0;
+    }
+  KT_CHECK(bad == 0, "%d transforms differ from the scalar twin", bad);
+}
+
 void test_rotate(void) {
   kt_rng r;
   kt_seed(&r, 0x70747e);
@@ -384,4 +405,5 @@ void test_rotate(void) {
   rt_gqa(&r);
   rt_outliers(&r);
   rt_errors();
+  rt_fwht_twin(&r);
 }
