@@ -2280,7 +2280,24 @@ static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
     if (mn > mx) mn = mx = 0.0f;
     scale = (float)(((double)mx - (double)mn) / 15.0); /* in double: the range may overflow float */
     memset(codes, 0, (size_t)(m + 1) / 2);
-    for (i = 0; i < m; i++) {
+    i = 0;
+#if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
+    if (scale > 0.0f) { /* the same double operations, four values at a time: the same codes */
+      const __m256d vmn = _mm256_set1_pd((double)mn), vscale = _mm256_set1_pd((double)scale);
+      for (; i + 4 <= m; i += 4) {
+        __m256d v = _mm256_div_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(src + g0 + i)), vmn), vscale);
+        /* (int)(v + 0.5) for v in (0, 15) is its floor; max() maps NaN to 0, min() caps at 15 */
+        v = _mm256_floor_pd(_mm256_add_pd(v, _mm256_set1_pd(0.5)));
+        v = _mm256_min_pd(_mm256_max_pd(v, _mm256_setzero_pd()), _mm256_set1_pd(15.0));
+        {
+          __m128i c = _mm256_cvtpd_epi32(v);
+          codes[i / 2] = (uint8_t)(_mm_cvtsi128_si32(c) | _mm_extract_epi32(c, 1) << 4);
+          codes[i / 2 + 1] = (uint8_t)(_mm_extract_epi32(c, 2) | _mm_extract_epi32(c, 3) << 4);
+        }
+      }
+    }
+#endif
+    for (; i < m; i++) {
       /* divided, not multiplied by a reciprocal, so that a value half-way
          between two codes rounds up as the rule says; a constant group
          (scale 0) keeps +Inf at the top code */
