@@ -6,7 +6,8 @@
    causal prefill and decode over a paged KV cache (fixed block pool, block
    tables, ref-counted blocks, copy-on-write forks, salted prefix caching),
    F32 / F16 / BF16 / INT8 / INT4 / FP8 (E4M3, E5M2) cache storage
-   dequantized inside the kernels (optionally Hadamard-rotated rows),
+   dequantized inside the kernels (optionally Hadamard-rotated rows; over
+   INT8 / INT4 keys, optionally int8 queries and integer dot products),
    sliding-window and H2O eviction, layer groups for hybrid local/global
    models, RoPE, split-K decode and batched attention over many sequences,
    and GQA and MLA (DeepSeek latent cache) layer forwards.
