@@ -1363,6 +1363,8 @@ static void test_mla_args(kt_rng *r) {
   BAD_FIELD(d_v, 0, "d_v 0");
   BAD_FIELD(d_rope, -2, "d_rope -2");
   BAD_FIELD(q_lora_rank, -1, "q_lora_rank -1");
+  BAD_FIELD(int_scores, 2, "int_scores 2");
+  BAD_FIELD(int_scores, -1, "int_scores -1");
   {
     float *wa = rand_w(r, 8, 64, 1.0f), *wb = rand_w(r, 4 * 24, 8, 1.0f);
     L = m.L;
