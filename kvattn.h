@@ -5032,6 +5032,35 @@ static inline void kva__fwht_avx2(float *x, int n) {
   for (i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
 }
 #define kva__fwht kva__fwht_avx2
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+/* the same butterflies in 4 lanes: distances 1 and 2 inside each vector, then whole vectors */
+KVA__FORCEINLINE float32x4_t kva__fwht4_stage_neon(float32x4_t v, float32x4_t partner, uint32x4_t upper) {
+  return vbslq_f32(upper, vsubq_f32(partner, v), vaddq_f32(v, partner));
+}
+static inline void kva__fwht_neon(float *x, int n) {
+  static const uint32_t odd[4] = {0, 0xffffffffu, 0, 0xffffffffu}, high[4] = {0, 0, 0xffffffffu, 0xffffffffu};
+  const float32x4_t s = vdupq_n_f32((float)(1.0 / sqrt((double)n)));
+  int h, i, j;
+  if (n < 4) {
+    kva__fwht_scalar(x, n);
+    return;
+  }
+  for (i = 0; i < n; i += 4) {
+    float32x4_t v = vld1q_f32(x + i);
+    v = kva__fwht4_stage_neon(v, vrev64q_f32(v), vld1q_u32(odd));
+    v = kva__fwht4_stage_neon(v, vextq_f32(v, v, 2), vld1q_u32(high));
+    vst1q_f32(x + i, v);
+  }
+  for (h = 4; h < n; h *= 2)
+    for (i = 0; i < n; i += 2 * h)
+      for (j = i; j < i + h; j += 4) {
+        float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + h);
+        vst1q_f32(x + j, vaddq_f32(a, b));
+        vst1q_f32(x + j + h, vsubq_f32(a, b));
+      }
+  for (i = 0; i < n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), s));
+}
+#define kva__fwht kva__fwht_neon
 #else
 #define kva__fwht kva__fwht_scalar
 #endif
