@@ -930,21 +930,15 @@ KVA__FORCEINLINE int32_t kva__idot_i4_group(const int8_t *qc, const uint8_t *cod
   if (e < m) s += qc[e / 2] * (codes[e / 2] & 15);
   return s;
 }
-/* An INT4 group's part of a score: gscale * dot + gmin * gsum */
-KVA__FORCEINLINE float kva__i4_group_part(const uint8_t *group, int32_t dot, int32_t gsum) {
-  float s, mn;
-  memcpy(&s, group, sizeof s);
-  memcpy(&mn, group + 4, sizeof mn);
-  return s * (float)dot + mn * (float)gsum;
-}
-/* INT4 groups [g0, groups) of one score, one after another */
+/* INT4 groups [g0, groups) of one score, one after another: gscale * dot + gmin * gsum each */
 KVA__FORCEINLINE float kva__idot_i4_rest(const kva__qrow *q, const void *krow, int g0, int d) {
   float s = 0.0f;
   int g;
   for (g = g0; g * 32 < d; g++) {
-    const uint8_t *group = (const uint8_t *)krow + (size_t)g * KVA__I4_GROUP_BYTES;
+    float gs, gmin;
+    const uint8_t *codes = kva__i4_group(krow, g * 32, &gs, &gmin);
     int m = d - g * 32 < 32 ? d - g * 32 : 32;
-    s += kva__i4_group_part(group, kva__idot_i4_group(q->codes + g * 32, group + 8, m), q->gsum[g]);
+    s += gs * (float)kva__idot_i4_group(q->codes + g * 32, codes, m) + gmin * (float)q->gsum[g];
   }
   return s;
 }
@@ -1336,16 +1330,6 @@ KVA__FORCEINLINE __m256i kva__i4_codes32_avx2(const uint8_t *codes) {
   __m128i b = _mm_loadu_si128((const __m128i *)codes), m = _mm_set1_epi8(15);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
-KVA__FORCEINLINE __m256 kva__i4_gscale_avx2(const uint8_t *group) {
-  float s;
-  memcpy(&s, group, sizeof s);
-  return _mm256_set1_ps(s);
-}
-KVA__FORCEINLINE __m128 kva__i4_gmin_avx2(const uint8_t *group) {
-  float mn;
-  memcpy(&mn, group + 4, sizeof mn);
-  return _mm_set1_ps(mn);
-}
 /* lanes r and 4 + r of v (the two keys' scores of row r) into the score rows */
 KVA__FORCEINLINE void kva__store_pair_scores_avx2(__m256 v, int nr, float *scores, int lds, int j, int both) {
   float KVA__ALIGN(32) x[8];
@@ -1428,13 +1412,14 @@ KVA__FORCEINLINE void kva__idot_tile_avx2(const kva_dtype t, const kva__qrow *q,
       __m128 m0 = _mm_setzero_ps(), m1 = m0;
       const __m256i z = _mm256_setzero_si256();
       for (g = 0, i = 0; i < full; g++, i += 32) {
-        const uint8_t *g0 = k0 + (size_t)g * KVA__I4_GROUP_BYTES, *g1 = k1 + (size_t)g * KVA__I4_GROUP_BYTES;
-        const __m256i x0 = kva__i4_codes32_avx2(g0 + 8), x1 = kva__i4_codes32_avx2(g1 + 8);
-        const __m256 s0 = kva__i4_gscale_avx2(g0), s1 = kva__i4_gscale_avx2(g1);
+        float gs0, gs1, gmin0, gmin1;
+        const __m256i x0 = kva__i4_codes32_avx2(kva__i4_group(k0, i, &gs0, &gmin0));
+        const __m256i x1 = kva__i4_codes32_avx2(kva__i4_group(k1, i, &gs1, &gmin1));
+        const __m256 s0 = _mm256_set1_ps(gs0), s1 = _mm256_set1_ps(gs1);
         const __m128 gs = _mm_loadu_ps(gsum4[g]);
         __m256i qv = _mm256_loadu_si256((const __m256i *)(qc[0] + i));
-        m0 = _mm_fmadd_ps(kva__i4_gmin_avx2(g0), gs, m0);
-        m1 = _mm_fmadd_ps(kva__i4_gmin_avx2(g1), gs, m1);
+        m0 = _mm_fmadd_ps(_mm_set1_ps(gmin0), gs, m0);
+        m1 = _mm_fmadd_ps(_mm_set1_ps(gmin1), gs, m1);
         f00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x0, qv)), s0, f00);
         f01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KVA__DPBUSD256(z, x1, qv)), s1, f01);
         if (nr > 1) {
@@ -1975,13 +1960,10 @@ KVA__FORCEINLINE void kva__idot_tile_neon(const kva_dtype t, const kva__qrow *q,
       float mins[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       int g;
       for (g = 0, i = 0; i < full; g++, i += 32) {
-        const uint8_t *group = k + (size_t)g * KVA__I4_GROUP_BYTES;
-        uint8x16_t b = vld1q_u8(group + 8);
+        float s, mn;
+        uint8x16_t b = vld1q_u8(kva__i4_group(k, i, &s, &mn));
         int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15))), hi = vreinterpretq_s8_u8(vshrq_n_u8(b, 4));
         const int32x4_t z = vdupq_n_s32(0);
-        float s, mn;
-        memcpy(&s, group, sizeof s);
-        memcpy(&mn, group + 4, sizeof mn);
         f0 = vfmaq_n_f32(f0, vcvtq_f32_s32(kva__sdot_neon(kva__sdot_neon(z, lo, vld1q_s8(qc[0] + i)), hi, vld1q_s8(qc[0] + i + 16))), s);
         if (nr > 1)
           f1 = vfmaq_n_f32(f1, vcvtq_f32_s32(kva__sdot_neon(kva__sdot_neon(z, lo, vld1q_s8(qc[1] + i)), hi, vld1q_s8(qc[1] + i + 16))), s);
@@ -4999,14 +4981,9 @@ static inline void kva__fwht_scalar(float *x, int n) {
 }
 #if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
 /* one butterfly stage inside 8 lanes: partner = the lanes swapped at distance h, the
-   lower lane of each pair keeps a + b, the upper gets a - b (partner - self) */
-KVA__FORCEINLINE __m256 kva__fwht8_stage_avx2(__m256 v, __m256 partner, const int upper_mask) {
-  __m256 sum = _mm256_add_ps(v, partner), diff = _mm256_sub_ps(partner, v);
-  switch (upper_mask) {
-    case 0xaa: return _mm256_blend_ps(sum, diff, 0xaa);
-    case 0xcc: return _mm256_blend_ps(sum, diff, 0xcc);
-    default: return _mm256_blend_ps(sum, diff, 0xf0);
-  }
+   lower lane of each pair keeps a + b, the upper (sign bit set in `upper`) gets a - b */
+KVA__FORCEINLINE __m256 kva__fwht8_stage_avx2(__m256 v, __m256 partner, __m256 upper) {
+  return _mm256_blendv_ps(_mm256_add_ps(v, partner), _mm256_sub_ps(partner, v), upper);
 }
 static inline void kva__fwht_avx2(float *x, int n) {
   const __m256 s = _mm256_set1_ps((float)(1.0 / sqrt((double)n)));
@@ -5017,9 +4994,9 @@ static inline void kva__fwht_avx2(float *x, int n) {
   }
   for (i = 0; i < n; i += 8) { /* distances 1, 2, 4 inside each vector */
     __m256 v = _mm256_loadu_ps(x + i);
-    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0xb1), 0xaa);
-    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0x4e), 0xcc);
-    v = kva__fwht8_stage_avx2(v, _mm256_permute2f128_ps(v, v, 1), 0xf0);
+    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0xb1), _mm256_setr_ps(0, -1, 0, -1, 0, -1, 0, -1));
+    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0x4e), _mm256_setr_ps(0, 0, -1, -1, 0, 0, -1, -1));
+    v = kva__fwht8_stage_avx2(v, _mm256_permute2f128_ps(v, v, 1), _mm256_setr_ps(0, 0, 0, 0, -1, -1, -1, -1));
     _mm256_storeu_ps(x + i, v);
   }
   for (h = 8; h < n; h *= 2)
