@@ -717,6 +717,8 @@ static inline size_t kva__row_bytes(kva_dtype t, int dim) {
    Two tile kernels do the arithmetic of attention, for every storage type:
      dot_tile   scores[r*lds + j] = q_r . k_j     (r < nr query rows, j < nk keys)
      vacc_tile  acc_r += sum_j p[r*ldp + j] * v_j
+   and, for passes of many rows (KVA__WIDE_ROWS and up, where an ISA has
+   it), wdot_tile: dot_tile's scores with the keys along the lanes.
    Each is one force-inlined function per ISA (`_scalar`, `_avx2`, `_avx512`,
    `_neon`) taking the storage type and the number of query rows as
    parameters. The dispatchers at the end of this section call it with both
@@ -853,6 +855,75 @@ KVA__FORCEINLINE void kva__vacc_tile_scalar(const kva_dtype t, float *const *acc
       for (i = 0; i < dv; i++) acc[r][i] += pj * kva__load1(t, vrows[j], i);
     }
   }
+}
+
+/* --- many query rows: keys along the lanes ---
+   With many rows (prefill, MLA's absorbed heads) a tile's keys are
+   dequantized and transposed once, KVA__KT_DEPTH elements at a time, into
+   kt[element][key] (f32, KVA__TILE keys per line), and each row's scores
+   grow as vectors of keys, one FMA chain per (row, vector of keys) along the
+   elements: no reduction tree, and every key vector and broadcast query
+   element serves four FMAs. Sums restart at each chunk of KVA__KT_DEPTH
+   elements and are added to the chunks before (so a 576-wide MLA key sums
+   in 9 chains of 64, not one of 576). Each ISA gives two steps: kt_fill (one
+   chunk of the tile, transposed; zeros past nk) and wdot_rows (up to four
+   rows' scores over one chunk, added to the earlier chunks' unless `first`,
+   times the keys' scales ks (NULL: none) after the last chunk). */
+#define KVA__KT_DEPTH 64 /* elements per transposed chunk: kt is KVA__KT_DEPTH x KVA__TILE floats (16 KiB) */
+KVA__FORCEINLINE void kva__kt_fill_scalar(const kva_dtype t, const void *const *krows, int nk, int i0, int d,
+                                          float *kt) {
+  int j, c, nd = d - i0 < KVA__KT_DEPTH ? d - i0 : KVA__KT_DEPTH;
+  for (j = 0; j < KVA__TILE; j++) {
+    for (c = 0; c < nd; c++) kt[c * KVA__TILE + j] = j < nk ? kva__load1(t, krows[j], i0 + c) : 0.0f;
+  }
+}
+KVA__FORCEINLINE void kva__wdot_rows_scalar(const float *const *q, const int nr, int nk, int i0, int nd,
+                                            const float *kt, float *scores, int lds, int first, const float *ks) {
+  int r, j, c;
+  for (r = 0; r < nr; r++)
+    for (j = 0; j < nk; j++) {
+      float s = 0.0f;
+      for (c = 0; c < nd; c++) s += q[r][i0 + c] * kt[c * KVA__TILE + j];
+      if (!first) s = scores[r * lds + j] + s;
+      scores[r * lds + j] = ks ? s * ks[j] : s;
+    }
+}
+typedef void (*kva__kt_fill_fn)(const kva_dtype, const void *const *, int, int, int, float *);
+typedef void (*kva__wdot_rows_fn)(const float *const *, const int, int, int, int, const float *, float *, int, int,
+                                  const float *);
+/* The generic loop over chunks and row blocks, specialised per ISA by the
+   steps it is given (as xxHash's hashLong loop): scores[r*lds + j] = q_r . k_j
+   for r < nr (any count), j < nk; the next tile is prefetched as the first
+   chunk is transposed. */
+KVA__FORCEINLINE void kva__wdot_tile_with(const kva_dtype t, const float *const *q, int nr, const void *const *krows,
+                                          int nk, int d, float *scores, int lds, float fp8_scale,
+                                          const kva__next_tile *next, kva__kt_fill_fn fill, kva__wdot_rows_fn rows) {
+  float kt[KVA__KT_DEPTH * KVA__TILE], ks[KVA__TILE];
+  int i0, rb, j, step = 0, prefetched = 0;
+  const int blocks = (nr + 3) / 4, steps = (d + KVA__KT_DEPTH - 1) / KVA__KT_DEPTH * blocks;
+  for (j = 0; j < KVA__TILE; j++) ks[j] = kva__is_scaled(t) && j < nk ? kva__row_scale(t, krows[j], fp8_scale) : 0.0f;
+  for (i0 = 0; i0 < d; i0 += KVA__KT_DEPTH) {
+    int nd = d - i0 < KVA__KT_DEPTH ? d - i0 : KVA__KT_DEPTH;
+    const float *scale = kva__is_scaled(t) && i0 + nd == d ? ks : NULL;
+    fill(t, krows, nk, i0, d, kt);
+    for (rb = 0; rb < nr; rb += 4, step++) {
+      /* the next tile's rows, a share before each row block: a steady stream, not a burst */
+      for (; next && prefetched < next->n && prefetched * steps < (step + 1) * next->n; prefetched++)
+        kva__prefetch_next(next, prefetched);
+      switch (nr - rb) {
+        case 1: rows(q + rb, 1, nk, i0, nd, kt, scores + rb * lds, lds, i0 == 0, scale); break;
+        case 2: rows(q + rb, 2, nk, i0, nd, kt, scores + rb * lds, lds, i0 == 0, scale); break;
+        case 3: rows(q + rb, 3, nk, i0, nd, kt, scores + rb * lds, lds, i0 == 0, scale); break;
+        default: rows(q + rb, 4, nk, i0, nd, kt, scores + rb * lds, lds, i0 == 0, scale); break;
+      }
+    }
+  }
+}
+KVA__FORCEINLINE void kva__wdot_tile_scalar(const kva_dtype t, const float *const *q, int nr,
+                                            const void *const *krows, int nk, int d, float *scores, int lds,
+                                            float fp8_scale, const kva__next_tile *next) {
+  kva__wdot_tile_with(t, q, nr, krows, nk, d, scores, lds, fp8_scale, next, kva__kt_fill_scalar,
+                      kva__wdot_rows_scalar);
 }
 
 /* --- integer scores (kva_attn.int_scores) ---
@@ -1638,6 +1709,81 @@ KVA__FORCEINLINE void kva__vacc_tile_avx512(const kva_dtype t, float *const *acc
   if (rest == 4) kva__vacc_strip_avx512(t, acc, nr, p, ldp, vrows, nk, i, 4, dv);
 }
 
+/* x[r] (row r of a 16 x 16 block) becomes column r: pairs, then quads
+   within 128-bit lanes, then the lanes themselves. */
+KVA__FORCEINLINE void kva__transpose16_avx512(__m512 *x) {
+  __m512 t[16];
+  int i, k;
+  for (i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+  }
+  for (i = 0; i < 16; i += 4) { /* x[i + k]: lane L holds element 4L + k of rows i .. i+3 */
+    x[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    x[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    x[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    x[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  for (k = 0; k < 4; k++) { /* element 4L + k of all 16 rows: lane L of x[k], x[4+k], x[8+k], x[12+k] */
+    __m512 a = _mm512_shuffle_f32x4(x[k], x[4 + k], 0x88), b = _mm512_shuffle_f32x4(x[k], x[4 + k], 0xdd);
+    __m512 c = _mm512_shuffle_f32x4(x[8 + k], x[12 + k], 0x88), e = _mm512_shuffle_f32x4(x[8 + k], x[12 + k], 0xdd);
+    t[k] = _mm512_shuffle_f32x4(a, c, 0x88);
+    t[8 + k] = _mm512_shuffle_f32x4(a, c, 0xdd);
+    t[4 + k] = _mm512_shuffle_f32x4(b, e, 0x88);
+    t[12 + k] = _mm512_shuffle_f32x4(b, e, 0xdd);
+  }
+  for (i = 0; i < 16; i++) x[i] = t[i];
+}
+KVA__FORCEINLINE void kva__kt_fill_avx512(const kva_dtype t, const void *const *krows, int nk, int i0, int d,
+                                          float *kt) {
+  int nd = d - i0 < KVA__KT_DEPTH ? d - i0 : KVA__KT_DEPTH, j0, c0, r;
+  for (j0 = 0; j0 < KVA__TILE; j0 += 16) {
+    for (c0 = 0; c0 < nd; c0 += 16) {
+      const __mmask16 m = kva__mask16(i0 + c0, d);
+      __m512 x[16];
+      for (r = 0; r < 16; r++)
+        x[r] = j0 + r < nk ? kva__load16_avx512(t, krows[j0 + r], i0 + c0, m) : _mm512_setzero_ps();
+      kva__transpose16_avx512(x);
+      for (r = 0; r < 16; r++) _mm512_storeu_ps(kt + (c0 + r) * KVA__TILE + j0, x[r]);
+    }
+  }
+}
+/* scores of keys 16c .. 16c+15 (those < nk) of one row: this chunk's sum s */
+KVA__FORCEINLINE void kva__wstore_avx512(float *dst, __mmask16 m, __m512 s, int first, const float *ks) {
+  if (!first) s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), s);
+  if (ks) s = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, ks));
+  _mm512_mask_storeu_ps(dst, m, s);
+}
+#define KVA__W512_FMA(r, c) if (nr > r) s##r##c = _mm512_fmadd_ps(qv##r, x##c, s##r##c);
+#define KVA__W512_STORE(r, c) \
+  if (nr > r) kva__wstore_avx512(scores + r * lds + 16 * c, m##c, s##r##c, first, ks ? ks + 16 * c : NULL);
+KVA__FORCEINLINE void kva__wdot_rows_avx512(const float *const *q, const int nr, int nk, int i0, int nd,
+                                            const float *kt, float *scores, int lds, int first, const float *ks) {
+  const __m512 z = _mm512_setzero_ps();
+  const __mmask16 m0 = kva__mask16(0, nk), m1 = kva__mask16(16, nk), m2 = kva__mask16(32, nk),
+                  m3 = kva__mask16(48, nk);
+  const float *q0 = q[0] + i0, *q1 = q[nr > 1 ? 1 : 0] + i0, *q2 = q[nr > 2 ? 2 : 0] + i0,
+              *q3 = q[nr > 3 ? 3 : 0] + i0;
+  int c;
+  KVA__EACH_4X4(KVA__D512_INIT)
+  for (c = 0; c < nd; c++) {
+    const float *kr = kt + c * KVA__TILE;
+    __m512 x0 = _mm512_loadu_ps(kr), x1 = _mm512_loadu_ps(kr + 16), x2 = _mm512_loadu_ps(kr + 32),
+           x3 = _mm512_loadu_ps(kr + 48);
+    __m512 qv0 = _mm512_set1_ps(q0[c]), qv1 = nr > 1 ? _mm512_set1_ps(q1[c]) : z;
+    __m512 qv2 = nr > 2 ? _mm512_set1_ps(q2[c]) : z, qv3 = nr > 3 ? _mm512_set1_ps(q3[c]) : z;
+    KVA__IN_REGISTERS(x0, x1, x2, x3) /* one load per key vector, not one per FMA */
+    KVA__EACH_4X4(KVA__W512_FMA)
+  }
+  KVA__EACH_4X4(KVA__W512_STORE)
+}
+KVA__FORCEINLINE void kva__wdot_tile_avx512(const kva_dtype t, const float *const *q, int nr,
+                                            const void *const *krows, int nk, int d, float *scores, int lds,
+                                            float fp8_scale, const kva__next_tile *next) {
+  kva__wdot_tile_with(t, q, nr, krows, nk, d, scores, lds, fp8_scale, next, kva__kt_fill_avx512,
+                      kva__wdot_rows_avx512);
+}
+
 /* The AVX2 exp, 16 lanes at a time. */
 static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) {
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
@@ -2017,6 +2163,18 @@ KVA__FORCEINLINE void kva__vacc_tile_rows(const kva_dtype t, float *const *acc, 
   }
 }
 
+/* The many-row score kernel (keys along the lanes) where an ISA has one,
+   and the row count of a pass from which it pays for its transposes
+   (measured: bench speed --parts prefill). Elsewhere the four-row kernels
+   serve every pass. */
+#if KVATTN_SIMD == KVA_SIMD_AVX512
+#define kva__wdot_tile_isa kva__wdot_tile_avx512
+#define KVA__WIDE_ROWS 24
+#else
+#define kva__wdot_tile_isa kva__wdot_tile_scalar
+#define KVA__WIDE_ROWS (KVA__MAXROWS + 1)
+#endif
+
 /* One entry point per storage type with the type constant (so a profile
    names the type): kva__dot_tile_f16, kva__vacc_tile_f16, ... */
 #define KVA__TILE_KERNELS_FOR(stem, T)                                                                       \
@@ -2028,6 +2186,11 @@ KVA__FORCEINLINE void kva__vacc_tile_rows(const kva_dtype t, float *const *acc, 
   static inline void kva__vacc_tile_##stem(float *const *acc, int nr, const float *p, int ldp,                \
                                            const void *const *vrows, int nk, int dv, float fp8_scale) {       \
     kva__vacc_tile_rows(T, acc, nr, p, ldp, vrows, nk, dv, fp8_scale);                                        \
+  }                                                                                                          \
+  static inline void kva__wdot_tile_##stem(const float *const *q, int nr, const void *const *krows, int nk,   \
+                                           int d, float *scores, int lds, float fp8_scale,                    \
+                                           const kva__next_tile *next) {                                      \
+    kva__wdot_tile_isa(T, q, nr, krows, nk, d, scores, lds, fp8_scale, next);                                 \
   }
 KVA__TILE_KERNELS_FOR(f32, KVA_F32)
 KVA__TILE_KERNELS_FOR(f16, KVA_F16)
@@ -2061,6 +2224,21 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
     case KVA_FP8_E4M3: kva__vacc_tile_e4m3(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     case KVA_FP8_E5M2: kva__vacc_tile_e5m2(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
     case KVA_INT4: kva__vacc_tile_i4(acc, nr, p, ldp, vrows, nk, dv, fp8_scale); break;
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+
+/* Scores of any number of rows, keys along the lanes (kva__wdot_tile_with). */
+static inline void kva__wdot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
+                                  int d, float *scores, int lds, float fp8_scale, const kva__next_tile *next) {
+  switch (t) {
+    case KVA_F32: kva__wdot_tile_f32(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_F16: kva__wdot_tile_f16(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_BF16: kva__wdot_tile_bf16(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_INT8: kva__wdot_tile_i8(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_FP8_E4M3: kva__wdot_tile_e4m3(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_FP8_E5M2: kva__wdot_tile_e5m2(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case KVA_INT4: kva__wdot_tile_i4(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
     default: KVATTN_ASSERT(0); break;
   }
 }
@@ -2583,16 +2761,26 @@ static inline int kva__tile_keys(int j, int kv1, int skip_lo, int skip_hi) {
   return n;
 }
 
-/* Raw scores of query rows rb .. rb + nr - 1 (nr <= KVA__NR) against a tile
-   of keys, into their rows of the tile buffer: float queries, or their int8
-   codes (iq non-NULL: integer scores). */
+/* Raw scores of query rows 0 .. nrows - 1 against a tile of keys, into
+   their rows of the tile buffer: float queries (many rows: keys along the
+   lanes; else four rows at a time), or their int8 codes (iq non-NULL:
+   integer scores). The first row block's kernel prefetches `next`. */
 static inline void kva__scores_tile(const kva__attn_params *P, const kva__kv_view *w, int g, const float *const *qr,
-                                    const kva__qrow *iq, int rb, int nr, const void *const *krows, int nk,
-                                    float *scores, const kva__next_tile *next) {
-  if (iq) kva__idot_tile(w->kt, iq + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, next);
-  else
-    kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE,
-                  kva__view_scale(w->k_fp8_scale, g), next);
+                                    const kva__qrow *iq, int nrows, const void *const *krows, int nk, float *scores,
+                                    const kva__next_tile *next) {
+  float fp8_scale = kva__view_scale(w->k_fp8_scale, g);
+  int rb;
+  if (!iq && nrows >= KVA__WIDE_ROWS) {
+    kva__wdot_tile(w->kt, qr, nrows, krows, nk, P->D, scores, KVA__TILE, fp8_scale, next);
+    return;
+  }
+  for (rb = 0; rb < nrows; rb += KVA__NR) {
+    int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
+    if (iq) kva__idot_tile(w->kt, iq + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, rb ? NULL : next);
+    else
+      kva__dot_tile(w->kt, qr + rb, nr, krows, nk, P->D, scores + rb * KVA__TILE, KVA__TILE, fp8_scale,
+                    rb ? NULL : next);
+  }
 }
 
 /* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
@@ -2609,17 +2797,14 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
                                       float *scores) {
   const void *krows[KVA__TILE], *vrows[KVA__TILE];
   int32_t kpos[KVA__TILE], kmin, kmax, qmin, qmax;
-  int j0, j, t, rb;
+  int j0, j, t;
   kva__rows_range(w, qp, nrows, &qmin, &qmax);
   for (j0 = kv0; j0 < kv1; j0 += KVA__TILE) {
     int nk = kv1 - j0 < KVA__TILE ? kv1 - j0 : KVA__TILE, all_visible;
     float colsum[KVA__TILE];
     kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
     if (kva__tile_none_visible(P, qmin, qmax, kmin, kmax)) continue; /* it adds 0 to every score */
-    for (rb = 0; rb < nrows; rb += KVA__NR) {
-      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__scores_tile(P, w, g, qr, iq, rb, nr, krows, nk, scores, NULL);
-    }
+    kva__scores_tile(P, w, g, qr, iq, nrows, krows, nk, scores, NULL);
     all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
     memset(colsum, 0, sizeof colsum);
     for (t = 0; t < nrows; t++) {
@@ -2721,10 +2906,7 @@ static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__k
     next.n = prefetch_next ? nn : 0;
     next.k_bytes = kbytes;
     next.v_bytes = nn > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
-    for (rb = 0; rb < nrows; rb += KVA__NR) {
-      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__scores_tile(P, w, g, qr, iq, rb, nr, krows, nk, scores, rb == 0 ? &next : NULL);
-    }
+    kva__scores_tile(P, w, g, qr, iq, nrows, krows, nk, scores, &next);
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE;
       float mt = kva__logits(P, s, nk, all_visible, qp[t], read_pos ? kpos : NULL, slope[t], w, qnode[t]);

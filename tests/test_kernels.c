@@ -24,6 +24,10 @@
  *     r >= nr) keeps its sentinel.  Some calls get a real kva__next_tile (the
  *     next tile's rows, to prefetch); its results must equal those of the same
  *     kernel with next = NULL bit for bit.
+ *   wdot_tile (the many-row score kernel, keys along the lanes): its scalar
+ *     twin, the AVX-512 kernel and the dispatcher against dot_tile's scalar
+ *     twin, as dot_tile above, for passes of 1-5, 7, 8, 13, 16, 17, 31 and 64
+ *     rows (from 9 rows on, every fourth key count of the long lists).
  *   vacc_tile: acc pre-filled with random values, p in [0, 1] with exact
  *     zeros (and some all-zero rows), ldp = nk, nk + 3 or 64 with NaN in the
  *     padding p never reads; the columns after dv keep their sentinel.
@@ -201,14 +205,15 @@ static void kk_pool_free(kk_pool *p) {
 }
 
 static kk_pool kk_pools[KK_NDT][KK_NW];
-static float *kk_q[KK_NW][4]; /* query rows per width, exactly d floats each */
+#define KK_QROWS 64 /* query rows per width: four for the row-block kernels, up to a pass for the wide one */
+static float *kk_q[KK_NW][KK_QROWS]; /* query rows per width, exactly d floats each */
 
 static void kk_setup(void) {
   kt_rng r;
   int ti, wi, k, i;
   kt_seed(&r, 0x4B45524EULL);
   for (wi = 0; wi < KK_NW; wi++) {
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < KK_QROWS; k++) {
       kk_q[wi][k] = KT_ALLOC(float, kk_widths[wi]);
       for (i = 0; i < kk_widths[wi]; i++) kk_q[wi][k][i] = kk_val(&r);
     }
@@ -219,7 +224,7 @@ static void kk_setup(void) {
 static void kk_teardown(void) {
   int ti, wi, k;
   for (wi = 0; wi < KK_NW; wi++) {
-    for (k = 0; k < 4; k++) free(kk_q[wi][k]);
+    for (k = 0; k < KK_QROWS; k++) free(kk_q[wi][k]);
     for (ti = 0; ti < KK_NDT; ti++) kk_pool_free(&kk_pools[ti][wi]);
   }
 }
@@ -351,6 +356,47 @@ static void kk_test_dot(const kk_tile_impl *im, uint64_t seed) {
         for (c = 0; c < n_nk; c++, cases++)
           kk_dot_case(im, &kk_pools[ti][wi], kk_q[wi], nr, nks[c], kk_stride(nks[c], cases % 3), cases % 4 == 3,
                       &r);
+    }
+  kk_end();
+}
+
+/* The many-row score kernel (keys along the lanes): its scalar twin, the
+   build's vector one and the dispatcher, against the row-block scalar twin
+   (itself checked against double above), for pass sizes 1..64 rows. */
+static void kk_wdot_scalar(kva_dtype t, const float *const *q, int nr, const void *const *k, int nk, int d,
+                           float *s, int lds, float cs, const kva__next_tile *nx) {
+  kva__wdot_tile_scalar(t, q, nr, k, nk, d, s, lds, cs, nx);
+}
+#if KVATTN_SIMD == KVA_SIMD_AVX512
+static void kk_wdot_avx512(kva_dtype t, const float *const *q, int nr, const void *const *k, int nk, int d,
+                           float *s, int lds, float cs, const kva__next_tile *nx) {
+  kva__wdot_tile_avx512(t, q, nr, k, nk, d, s, lds, cs, nx);
+}
+#endif
+static const kk_tile_impl kk_wide_impls[] = {
+    {"wide scalar", kk_wdot_scalar, NULL},
+#if KVATTN_SIMD == KVA_SIMD_AVX512
+    {"wide avx512", kk_wdot_avx512, NULL},
+#endif
+    {"wide dispatch", kva__wdot_tile, NULL},
+};
+static const int kk_wide_rows[] = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 64};
+
+static void kk_test_wdot(const kk_tile_impl *im, uint64_t seed) {
+  kt_rng r;
+  int ti, wi, ri, c, nks[64], n_nk, cases = 0;
+  const int n_rows = (int)(sizeof kk_wide_rows / sizeof kk_wide_rows[0]);
+  kk_begin("kernels: %s vs %s", im->name, "scalar");
+  kt_seed(&r, seed);
+  for (ti = 0; ti < KK_NDT; ti++)
+    for (wi = 0; wi < KK_NW; wi++) {
+      n_nk = kk_nks(kk_widths[wi], nks);
+      for (ri = 0; ri < n_rows; ri++)
+        for (c = 0; c < n_nk; c++, cases++) {
+          if (kk_wide_rows[ri] > 8 && n_nk > 13 && c % 4 != 0) continue; /* big passes: every 4th key count */
+          kk_dot_case(im, &kk_pools[ti][wi], kk_q[wi], kk_wide_rows[ri], nks[c], kk_stride(nks[c], cases % 3),
+                      cases % 4 == 3, &r);
+        }
     }
   kk_end();
 }
@@ -712,6 +758,8 @@ void test_kernels(void) {
     kk_test_dot(&kk_tile_impls[k], 0xD0701ULL + (uint64_t)k);
     kk_test_vacc(&kk_tile_impls[k], 0x7ACC0ULL + (uint64_t)k);
   }
+  for (k = 0; k < (int)(sizeof kk_wide_impls / sizeof kk_wide_impls[0]); k++)
+    kk_test_wdot(&kk_wide_impls[k], 0x3D070ULL + (uint64_t)k);
   for (k = 0; k < n_help; k++) {
     const kk_helper_impl *h = &kk_helper_impls[k];
     kk_test_exp(h, 0xE0900ULL + (uint64_t)k);
