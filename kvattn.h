@@ -2838,9 +2838,27 @@ static inline void kva__add_sink(float *acc, int dv, float *m, float *l, float s
   *l += expf(sink - *m);
 }
 
+/* Byte steps from one KV head's rows to the next head's (the same tokens):
+   inside a block, or along a plain array. */
+static inline void kva__view_head_step(const kva__kv_view *w, size_t *k_step, size_t *v_step) {
+  *k_step = w->paged ? (size_t)w->block_size * w->k_row : w->k_head_stride;
+  *v_step = w->paged ? (size_t)w->block_size * w->v_row : w->v_head_stride;
+}
+/* rows[j] + step for j < n */
+static inline void kva__rows_shift(const void **dst, const void *const *rows, int n, size_t step) {
+  int j;
+  for (j = 0; j < n; j++) dst[j] = (const unsigned char *)rows[j] + step;
+}
+
+/* Rows [row0, row0+nrows) of each of the ng KV heads g .. g+ng-1 over keys
+   [kv0, kv1) (ng > 1 only where every head's key j sits at the same
+   position and no H2O scores are kept: see kva__attend_all). The walk is tile by tile, and each tile serves every
+   head of the group before the next, so a paged walk reads each block's
+   head slices one after another instead of leaving every 4 KiB slice for
+   another block; each head's arithmetic is that of a pass of its own. */
 static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                         const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
-                                         float *out, float *lse, int compact, const kva__qrow *iq) {
+                                         int ng, const float *q, const int32_t *q_pos, int32_t q_base, int row0,
+                                         int nrows, float *out, float *lse, int compact, const kva__qrow *iq) {
   float scores[KVA__MAXROWS * KVA__TILE];
   float m[KVA__MAXROWS], l[KVA__MAXROWS], slope[KVA__MAXROWS];
   const float *qr[KVA__MAXROWS];
@@ -2848,27 +2866,30 @@ static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__k
   /* tile b of the KV range lives in buffer b % 2: the next tile is filled
      (and prefetched) while this one computes, and filled once */
   int32_t qp[KVA__MAXROWS], kpos_buf[2][KVA__TILE], kmin_buf[2], kmax_buf[2], qmin, qmax;
-  int qnode[KVA__MAXROWS];
+  int qnode[KVA__MAXROWS], qhead[KVA__MAXROWS];
   const void *krows_buf[2][KVA__TILE], *vrows_buf[2][KVA__TILE];
+  const void *head_k[2][KVA__TILE], *head_v[2][KVA__TILE]; /* heads after the first: their tile's rows */
   const void **krows, **vrows;
   int32_t *kpos, kmin, kmax;
-  size_t kbytes = kva__row_bytes(w->kt, P->D), vbytes = kva__row_bytes(w->vt, P->DV);
-  kva__next_tile next; /* the next tile, prefetched by the first row block's score kernel */
-  int t, j0, jn, rb, prefetch_next, read_pos, skip_lo, skip_hi, cb, first_tile = 1;
-  KVATTN_ASSERT(nrows <= KVA__MAXROWS);
-  for (t = 0; t < nrows; t++) {
-    int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
+  size_t kbytes = kva__row_bytes(w->kt, P->D), vbytes = kva__row_bytes(w->vt, P->DV), k_step, v_step;
+  kva__next_tile next; /* what follows this head's tile, prefetched by its score kernel */
+  int t, j0, jn, hh, prefetch_next, read_pos, skip_lo, skip_hi, cb, first_tile = 1, all = ng * nrows;
+  KVATTN_ASSERT(all <= KVA__MAXROWS && (ng == 1 || (!compact && !w->key_scores && (!w->block_pos || w->slots_are_positions))));
+  kva__view_head_step(w, &k_step, &v_step);
+  for (t = 0; t < all; t++) {
+    int row = row0 + t % nrows, i = row / P->R, h = (g + t / nrows) * P->R + row % P->R;
     qr[t] = q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D;
     acc[t] = out + (compact ? (size_t)t * (size_t)P->DV : (size_t)i * P->o_stride + (size_t)h * (size_t)P->DV);
     memset(acc[t], 0, (size_t)P->DV * sizeof(float));
     qp[t] = q_pos ? q_pos[i] : (int32_t)(q_base + i);
     qnode[t] = i;
+    qhead[t] = h;
     if (w->tree_parent) qp[t] = w->tree_base + kva__tree_depth(w->tree_parent, i);
     slope[t] = kva__alibi_slope(P, h);
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
-  kva__rows_range(w, qp, nrows, &qmin, &qmax);
+  kva__rows_range(w, qp, all, &qmin, &qmax);
   /* a decode step (no window, no key after any query) masks nothing */
   read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent || P->chunk > 0 ||
              (!P->non_causal && w->pos_max > qmin);
@@ -2881,12 +2902,10 @@ static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__k
     int nk = kva__tile_keys(j0, kv1, skip_lo, skip_hi), nn, all_visible;
     jn = kva__tile_start(j0 + nk, skip_lo, skip_hi);
     nn = jn < kv1 ? kva__tile_keys(jn, kv1, skip_lo, skip_hi) : 0;
-    krows = krows_buf[cb];
-    vrows = vrows_buf[cb];
     kpos = kpos_buf[cb];
     kmin = kmin_buf[cb];
     kmax = kmax_buf[cb];
-    if (first_tile && kmin <= qmax) kva__prefetch_rows(vrows, nk, vbytes); /* the first tile's V */
+    if (first_tile && kmin <= qmax) kva__prefetch_rows(vrows_buf[cb], nk, vbytes); /* the first tile's V */
     prefetch_next = 0;
     if (nn > 0) {
       kva__view_fill(w, g, jn, nn, krows_buf[!cb], vrows_buf[!cb], read_pos ? kpos_buf[!cb] : NULL,
@@ -2901,75 +2920,104 @@ static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__k
       continue;
     }
     all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
-    next.k = krows_buf[!cb];
-    next.v = vrows_buf[!cb];
-    next.n = prefetch_next ? nn : 0;
-    next.k_bytes = kbytes;
-    next.v_bytes = nn > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
-    kva__scores_tile(P, w, g, qr, iq, nrows, krows, nk, scores, &next);
-    for (t = 0; t < nrows; t++) {
-      float *s = scores + t * KVA__TILE;
-      float mt = kva__logits(P, s, nk, all_visible, qp[t], read_pos ? kpos : NULL, slope[t], w, qnode[t]);
-      if (mt == -INFINITY) { /* nothing visible in this tile for this row */
-        memset(s, 0, (size_t)nk * sizeof(float));
-        continue;
+    krows = krows_buf[cb];
+    vrows = vrows_buf[cb];
+    for (hh = 0; hh < ng; hh++) {
+      int t0 = hh * nrows;
+      if (hh + 1 < ng) { /* next: the next head's rows of this tile */
+        kva__rows_shift(head_k[hh % 2], krows_buf[cb], nk, (size_t)(hh + 1) * k_step);
+        kva__rows_shift(head_v[hh % 2], vrows_buf[cb], nk, (size_t)(hh + 1) * v_step);
+        next.k = head_k[hh % 2];
+        next.v = head_v[hh % 2];
+        next.n = nk;
+      } else { /* the first head's rows of the next tile */
+        next.k = krows_buf[!cb];
+        next.v = vrows_buf[!cb];
+        next.n = prefetch_next ? nn : 0;
       }
-      if (mt > m[t]) {
-        if (l[t] > 0.0f) {
-          float alpha = expf(m[t] - mt);
-          (void)kva__scale_max(acc[t], P->DV, alpha); /* the vector scale; its max goes unused */
-          l[t] *= alpha;
+      next.k_bytes = kbytes;
+      next.v_bytes = next.n > 0 && next.v[0] == next.k[0] ? 0 : vbytes;
+      kva__scores_tile(P, w, g + hh, qr + t0, iq ? iq + t0 : NULL, nrows, krows, nk, scores + t0 * KVA__TILE, &next);
+      for (t = t0; t < t0 + nrows; t++) {
+        float *s = scores + t * KVA__TILE;
+        float mt = kva__logits(P, s, nk, all_visible, qp[t], read_pos ? kpos : NULL, slope[t], w, qnode[t]);
+        if (mt == -INFINITY) { /* nothing visible in this tile for this row */
+          memset(s, 0, (size_t)nk * sizeof(float));
+          continue;
         }
-        m[t] = mt;
+        if (mt > m[t]) {
+          if (l[t] > 0.0f) {
+            float alpha = expf(m[t] - mt);
+            (void)kva__scale_max(acc[t], P->DV, alpha); /* the vector scale; its max goes unused */
+            l[t] *= alpha;
+          }
+          m[t] = mt;
+        }
+        l[t] += kva__exp_sub_sum(s, nk, m[t]);
       }
-      l[t] += kva__exp_sub_sum(s, nk, m[t]);
-    }
-    for (rb = 0; rb < nrows; rb += KVA__NR) {
-      int nr = nrows - rb < KVA__NR ? nrows - rb : KVA__NR;
-      kva__vacc_tile(w->vt, acc + rb, nr, scores + rb * KVA__TILE, KVA__TILE, vrows, nk, P->DV,
-                     kva__view_scale(w->v_fp8_scale, g));
+      for (t = t0; t < t0 + nrows; t += KVA__NR) {
+        int nr = t0 + nrows - t < KVA__NR ? t0 + nrows - t : KVA__NR;
+        kva__vacc_tile(w->vt, acc + t, nr, scores + t * KVA__TILE, KVA__TILE, vrows, nk, P->DV,
+                       kva__view_scale(w->v_fp8_scale, g + hh));
+      }
+      if (hh + 1 < ng) { /* the next head reads the rows just prefetched */
+        krows = head_k[hh % 2];
+        vrows = head_v[hh % 2];
+      }
     }
   }
   if (P->sinks && !compact) /* a split's part leaves the sink to the merge */
-    for (t = 0; t < nrows; t++) kva__add_sink(acc[t], P->DV, &m[t], &l[t], P->sinks[g * P->R + (row0 + t) % P->R]);
+    for (t = 0; t < all; t++) kva__add_sink(acc[t], P->DV, &m[t], &l[t], P->sinks[qhead[t]]);
   if (w->key_scores) kva__h2o_add_probs(P, w, kv0, kv1, g, qr, iq, qp, qnode, slope, nrows, m, l, read_pos, scores);
-  for (t = 0; t < nrows; t++) {
-    int row = row0 + t, i = row / P->R, h = g * P->R + row % P->R;
+  for (t = 0; t < all; t++) {
+    int row = row0 + t % nrows, i = row / P->R;
     if (l[t] > 0.0f) (void)kva__scale_max(acc[t], P->DV, 1.0f / l[t]);
-    if (lse) lse[compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)h] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
+    if (lse) lse[compact ? (size_t)t : (size_t)i * (size_t)P->H + (size_t)qhead[t]] = l[t] > 0.0f ? m[t] + logf(l[t]) : -INFINITY;
   }
 }
 
 /* kva__attend_rows_with for integer scores: the rows' query codes live on
-   the stack, so rows pass in groups that fit KVA__IQ_STACK_BYTES. */
+   the stack, so rows pass in groups that fit KVA__IQ_STACK_BYTES (a head
+   group whose rows do not all fit passes head by head). */
 static inline void kva__attend_rows_int(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                        const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
-                                        float *out, float *lse, int compact) {
+                                        int ng, const float *q, const int32_t *q_pos, int32_t q_base, int row0,
+                                        int nrows, float *out, float *lse, int compact) {
   int32_t mem[KVA__IQ_STACK_BYTES / sizeof(int32_t)];
   kva__qrow iq[KVA__MAXROWS];
   size_t row_bytes = kva__qrow_bytes(P->D);
-  int per = (int)(sizeof mem / row_bytes), t0, t;
+  int per = (int)(sizeof mem / row_bytes), t0, t, hh;
   if (per > KVA__MAXROWS) per = KVA__MAXROWS;
-  for (t0 = 0; t0 < nrows; t0 += per) {
-    int n = nrows - t0 < per ? nrows - t0 : per;
-    for (t = 0; t < n; t++) {
-      int row = row0 + t0 + t, i = row / P->R, h = g * P->R + row % P->R;
+  if (ng > 1 && ng * nrows <= per) {
+    for (t = 0; t < ng * nrows; t++) {
+      int row = row0 + t % nrows, i = row / P->R, h = (g + t / nrows) * P->R + row % P->R;
       kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
                           (char *)mem + (size_t)t * row_bytes, &iq[t]);
     }
-    kva__attend_rows_with(P, w, kv0, kv1, g, q, q_pos, q_base, row0 + t0, n,
-                          compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse, compact, iq);
+    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact, iq);
+    return;
   }
+  for (hh = 0; hh < ng; hh++)
+    for (t0 = 0; t0 < nrows; t0 += per) {
+      int n = nrows - t0 < per ? nrows - t0 : per;
+      for (t = 0; t < n; t++) {
+        int row = row0 + t0 + t, i = row / P->R, h = (g + hh) * P->R + row % P->R;
+        kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
+                            (char *)mem + (size_t)t * row_bytes, &iq[t]);
+      }
+      kva__attend_rows_with(P, w, kv0, kv1, g + hh, 1, q, q_pos, q_base, row0 + t0, n,
+                            compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse,
+                            compact, iq);
+    }
 }
 
-/* Rows [row0, row0+nrows) of KV head g over keys [kv0, kv1), float or integer scores. */
-static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
+/* Rows [row0, row0+nrows) of KV heads g .. g+ng-1 over keys [kv0, kv1), float or integer scores. */
+static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g, int ng,
                                     const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
                                     float *out, float *lse, int compact) {
   if (P->int_scores && kva__int_scored(w->kt) && P->D <= KVA__IQ_MAX_D)
-    kva__attend_rows_int(P, w, kv0, kv1, g, q, q_pos, q_base, row0, nrows, out, lse, compact);
+    kva__attend_rows_int(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact);
   else
-    kva__attend_rows_with(P, w, kv0, kv1, g, q, q_pos, q_base, row0, nrows, out, lse, compact, NULL);
+    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact, NULL);
 }
 
 /* Combine S normalised partial results of one row over disjoint key sets
@@ -3109,7 +3157,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
       int c0 = (u / S % chunks) * KVA__MAXROWS, kv0, kv1;
       float *po = scratch + (size_t)u * part;
       kva__split_range(n_kv, S, u % S, &kv0, &kv1);
-      kva__attend_rows(P, w, kv0, kv1, u / S / chunks, q, q_pos, q_base, c0,
+      kva__attend_rows(P, w, kv0, kv1, u / S / chunks, 1, q, q_pos, q_base, c0,
                        rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + (size_t)item_rows * (size_t)P->DV, 1);
     }
     if (nt > items) nt = items;
@@ -3124,13 +3172,27 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
   }
   /* unsplit (or no memory for the partial results: the same answer, one unit per item) */
   if (nt > items) nt = items; /* no idle team members */
+  if (chunks == 1 && !w->key_scores && (!w->block_pos || w->slots_are_positions) && 2 * rows <= KVA__MAXROWS) {
+    /* few rows per KV head (decode): a unit walks the keys once for a group of
+       heads, tile by tile (kva__attend_rows_with); the heads' results do not
+       depend on the grouping, so it may follow the thread count */
+    int ng = KVA__MAXROWS / rows, groups;
+    if (ng > (P->G + nt - 1) / nt) ng = (P->G + nt - 1) / nt;
+    groups = (P->G + ng - 1) / ng;
+    KVA__OMP_FOR(nt)
+    for (it = 0; it < groups; it++) {
+      int g0 = it * ng;
+      kva__attend_rows(P, w, 0, n_kv, g0, P->G - g0 < ng ? P->G - g0 : ng, q, q_pos, q_base, 0, rows, out, lse, 0);
+    }
+    return;
+  }
   KVA__OMP_FOR(nt)
   for (it = 0; it < items; it++) {
     int g = it / (chunks / per_item), k;
     for (k = 0; k < per_item; k++) {
       int c0 = ((it % (chunks / per_item)) * per_item + k) * KVA__MAXROWS;
       int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
-      kva__attend_rows(P, w, 0, n_kv, g, q, q_pos, q_base, c0, nrows, out, lse, 0);
+      kva__attend_rows(P, w, 0, n_kv, g, 1, q, q_pos, q_base, c0, nrows, out, lse, 0);
     }
   }
 }
@@ -5708,11 +5770,11 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
     for (k = 0; k < un->n_chunks; k++) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
       if (un->part < 0) {
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, os, ls, 0);
+        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, 1, qs, NULL, q_base, c0, nrows, os, ls, 0);
         if (b->rotate & KVA_ROTATE_V) kva__rotate_item(P, os, un->g, c0, nrows); /* back from V's basis */
       } else {
         float *po = b->parts + (size_t)un->part * part;
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, qs, NULL, q_base, c0, nrows, po,
+        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, 1, qs, NULL, q_base, c0, nrows, po,
                          po + (size_t)KVA__MAXROWS * (size_t)P->DV, 1);
       }
     }
