@@ -717,8 +717,8 @@ static inline size_t kva__row_bytes(kva_dtype t, int dim) {
    Two tile kernels do the arithmetic of attention, for every storage type:
      dot_tile   scores[r*lds + j] = q_r . k_j     (r < nr query rows, j < nk keys)
      vacc_tile  acc_r += sum_j p[r*ldp + j] * v_j
-   and, for passes of many rows (KVA__WIDE_ROWS and up, where an ISA has
-   it), wdot_tile: dot_tile's scores with the keys along the lanes.
+   dot_tile takes more than four rows (a pass of KVA__WIDE_ROWS and up, where
+   an ISA has a vector one) to wdot_tile: the same scores, keys along the lanes.
    Each is one force-inlined function per ISA (`_scalar`, `_avx2`, `_avx512`,
    `_neon`) taking the storage type and the number of query rows as
    parameters. The dispatchers at the end of this section call it with both
@@ -2181,16 +2181,12 @@ KVA__FORCEINLINE void kva__vacc_tile_rows(const kva_dtype t, float *const *acc, 
   static inline void kva__dot_tile_##stem(const float *const *q, int nr, const void *const *krows, int nk,    \
                                           int d, float *scores, int lds, float fp8_scale,                     \
                                           const kva__next_tile *next) {                                       \
-    kva__dot_tile_rows(T, q, nr, krows, nk, d, scores, lds, fp8_scale, next);                                 \
+    if (nr > KVA__NR) kva__wdot_tile_isa(T, q, nr, krows, nk, d, scores, lds, fp8_scale, next);               \
+    else kva__dot_tile_rows(T, q, nr, krows, nk, d, scores, lds, fp8_scale, next);                            \
   }                                                                                                          \
   static inline void kva__vacc_tile_##stem(float *const *acc, int nr, const float *p, int ldp,                \
                                            const void *const *vrows, int nk, int dv, float fp8_scale) {       \
     kva__vacc_tile_rows(T, acc, nr, p, ldp, vrows, nk, dv, fp8_scale);                                        \
-  }                                                                                                          \
-  static inline void kva__wdot_tile_##stem(const float *const *q, int nr, const void *const *krows, int nk,   \
-                                           int d, float *scores, int lds, float fp8_scale,                    \
-                                           const kva__next_tile *next) {                                      \
-    kva__wdot_tile_isa(T, q, nr, krows, nk, d, scores, lds, fp8_scale, next);                                 \
   }
 KVA__TILE_KERNELS_FOR(f32, KVA_F32)
 KVA__TILE_KERNELS_FOR(f16, KVA_F16)
@@ -2200,7 +2196,8 @@ KVA__TILE_KERNELS_FOR(e4m3, KVA_FP8_E4M3)
 KVA__TILE_KERNELS_FOR(e5m2, KVA_FP8_E5M2)
 KVA__TILE_KERNELS_FOR(i4, KVA_INT4)
 
-/* Dispatch on the storage type once per tile. */
+/* Dispatch on the storage type once per tile. kva__dot_tile takes up to
+   KVA__NR rows to the four-row kernel, more to the many-row one. */
 static inline void kva__dot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
                                  int d, float *scores, int lds, float fp8_scale, const kva__next_tile *next) {
   switch (t) {
@@ -2228,20 +2225,6 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
   }
 }
 
-/* Scores of any number of rows, keys along the lanes (kva__wdot_tile_with). */
-static inline void kva__wdot_tile(kva_dtype t, const float *const *q, int nr, const void *const *krows, int nk,
-                                  int d, float *scores, int lds, float fp8_scale, const kva__next_tile *next) {
-  switch (t) {
-    case KVA_F32: kva__wdot_tile_f32(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case KVA_F16: kva__wdot_tile_f16(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case KVA_BF16: kva__wdot_tile_bf16(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case KVA_INT8: kva__wdot_tile_i8(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case KVA_FP8_E4M3: kva__wdot_tile_e4m3(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case KVA_FP8_E5M2: kva__wdot_tile_e5m2(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case KVA_INT4: kva__wdot_tile_i4(q, nr, krows, nk, d, scores, lds, fp8_scale, next); break;
-    default: KVATTN_ASSERT(0); break;
-  }
-}
 
 /* Integer scores: AVX-512 builds run the 256-bit kernel (VNNI through VL). */
 #if KVATTN_SIMD == KVA_SIMD_AVX512 || KVATTN_SIMD == KVA_SIMD_AVX2
@@ -2771,7 +2754,7 @@ static inline void kva__scores_tile(const kva__attn_params *P, const kva__kv_vie
   float fp8_scale = kva__view_scale(w->k_fp8_scale, g);
   int rb;
   if (!iq && nrows >= KVA__WIDE_ROWS) {
-    kva__wdot_tile(w->kt, qr, nrows, krows, nk, P->D, scores, KVA__TILE, fp8_scale, next);
+    kva__dot_tile(w->kt, qr, nrows, krows, nk, P->D, scores, KVA__TILE, fp8_scale, next);
     return;
   }
   for (rb = 0; rb < nrows; rb += KVA__NR) {

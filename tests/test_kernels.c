@@ -25,7 +25,8 @@
  *     next tile's rows, to prefetch); its results must equal those of the same
  *     kernel with next = NULL bit for bit.
  *   wdot_tile (the many-row score kernel, keys along the lanes): its scalar
- *     twin, the AVX-512 kernel and the dispatcher against dot_tile's scalar
+ *     twin, the AVX-512 kernel and the dispatcher (kva__dot_tile, which takes
+ *     more than four rows there) against dot_tile's scalar
  *     twin, as dot_tile above, for passes of 1-5, 7, 8, 13, 16, 17, 31 and 64
  *     rows (from 9 rows on, every fourth key count of the long lists).
  *   vacc_tile: acc pre-filled with random values, p in [0, 1] with exact
@@ -378,7 +379,7 @@ static const kk_tile_impl kk_wide_impls[] = {
 #if KVATTN_SIMD == KVA_SIMD_AVX512
     {"wide avx512", kk_wdot_avx512, NULL},
 #endif
-    {"wide dispatch", kva__wdot_tile, NULL},
+    {"wide dispatch", kva__dot_tile, NULL}, /* more than four rows: the many-row kernel */
 };
 static const int kk_wide_rows[] = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 64};
 
