@@ -112,10 +112,12 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
 
 static long max_ctx(const opts *o);
 
-/* The three decode limits side by side (GQA f16 at the largest --ctx, cold,
-   timed in turns): one contiguous block against 16-token blocks (paging's
-   cost), and 16-token blocks on 1 and 2 threads against that thread count's
-   read bandwidth. */
+/* The three limits side by side: decode (GQA f16 at the largest --ctx,
+   cold, timed in turns) in one contiguous block against 16-token blocks
+   (paging's cost), 16-token blocks on 1 and 2 threads against that thread
+   count's read bandwidth; and a causal prefill (--prefill, 16-token blocks,
+   1 thread, warm) against the FMA peak. */
+#define PREFILL_TARGET 0.75 /* of the FMA peak */
 static void run_limits(const opts *o, const machine *m) {
   enum { NL = 3 };
   static const char *const name[NL] = {"one contiguous block", "16-token blocks", "16-token blocks"};
@@ -127,7 +129,8 @@ static void run_limits(const opts *o, const machine *m) {
   kva_status st = KVA_OK;
   call_ctx x[NL];
   call_fn f[NL];
-  timing tm[NL];
+  timing tm[NL], ptm;
+  kva_status pst = KVA_OK;
   int seq[NL], i;
   uint64_t rng = o->seed + 7;
   float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
@@ -165,15 +168,56 @@ static void run_limits(const opts *o, const machine *m) {
     }
     if (i == 2) rs(w, C_NOTE, "/BW against the 2-thread read bandwidth");
   }
+  if (st == KVA_OK) { /* the prefill row */
+    long nq = o->prefill_nq, nkv = o->prefill_ctx;
+    double pairs = (double)nq * (double)(nkv - nq) + (double)nq * (double)(nq + 1) / 2; /* unmasked pairs */
+    double peak = roof_for(m, 1)->fma[m->isa], flop = 2.0 * pairs * s.H * (s.D + s.DV);
+    float *pq = rand_floats((size_t)nq * s.H * s.D, &rng), *pout = (float *)xalloc((size_t)nq * s.H * s.DV * 4);
+    kva_cache *pc = NULL;
+    int pseq = 0;
+    row *w = rows_add(&t, "prefill_limit");
+    progress("prefill limit: %ld causal queries over %ld tokens, filling the cache", nq, nkv);
+    set_shape_cols(w, &s, KVA_F16);
+    rs(w, C_NAME, "prefill %ld x %ld", nq, nkv);
+    rn(w, C_CTX, (double)nkv);
+    rn(w, C_NQ, (double)nq);
+    rn(w, C_THREADS, 1);
+    pst = build_cache(&s, KVA_F16, nkv, (int)nq, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &pc, &pseq);
+    if (pst == KVA_OK) {
+      call_ctx px;
+      memset(&px, 0, sizeof px);
+      px.c = pc, px.seq = pseq, px.a = shape_attn(&s, 1), px.q = pq, px.n_q = (int)nq, px.out = pout;
+      progress("prefill limit: timing");
+      ptm = time_calls(call_cache, &px, 0, o->reps < 3 ? o->reps : 3);
+      pst = ptm.st;
+    }
+    if (pst != KVA_OK) {
+      rs(w, C_NOTE, "ERROR %s", kva_status_str(pst));
+      g_failed = 1;
+    } else {
+      set_timing(w, &ptm);
+      rn(w, C_GFLOPS, flop / ptm.med / 1e9);
+      rn(w, C_FMARATIO, flop / ptm.med / 1e9 / peak);
+      rs(w, C_NOTE, "/FMA against the FMA peak; target %.2f: %s", PREFILL_TARGET,
+         flop / ptm.med / 1e9 / peak >= PREFILL_TARGET ? "met" : "missed");
+    }
+    if (pc) kva_cache_destroy(pc);
+    free(pq);
+    free(pout);
+  }
+  progress_end();
   if (g_fmt == OUT_TABLE) {
     static const vcol v[] = {{C_NAME, "layout", FM_STR},   {C_THREADS, "threads", FM_INT}, {C_TMED, "ms", FM_MS},
                              {C_GBPS, "GB/s", FM_F1},      {C_BW, "BW GB/s", FM_F1},       {C_BWRATIO, "/BW", FM_F2},
-                             {C_RATIO, "vs contig.", FM_F2}, {C_NOTE, "note", FM_STR}};
-    char title[400];
+                             {C_RATIO, "vs contig.", FM_F2}, {C_GFLOPS, "GFLOP/s", FM_F1},
+                             {C_FMARATIO, "/FMA", FM_F2}, {C_NOTE, "note", FM_STR}};
+    char title[600];
     snprintf(title, sizeof title,
-             "Decode limits: GQA (H=%d G=%d D=%d) f16, %ld tokens, cold, timed in turns: paging's cost (16-token\n"
-             "  blocks against one contiguous block) and the read bandwidth reached on 1 and 2 threads",
-             s.H, s.G, s.D, ctx);
+             "Limits: GQA (H=%d G=%d D=%d) f16. Decode at %ld tokens, cold, timed in turns: paging's cost (16-token\n"
+             "  blocks against one contiguous block) and the read bandwidth reached on 1 and 2 threads. Prefill of\n"
+             "  %d causal queries over %d tokens in 16-token blocks, 1 thread, warm: GFLOP/s over the FMA peak\n"
+             "  (counting unmasked query-key pairs)",
+             s.H, s.G, s.D, ctx, o->prefill_nq, o->prefill_ctx);
     print_table(title, v, NV(v), &t, C_NAME);
   }
   emit_rows(&t);
