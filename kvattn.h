@@ -2971,27 +2971,21 @@ static inline void kva__attend_rows_int(const kva__attn_params *P, const kva__kv
   size_t row_bytes = kva__qrow_bytes(P->D);
   int per = (int)(sizeof mem / row_bytes), t0, t, hh;
   if (per > KVA__MAXROWS) per = KVA__MAXROWS;
-  if (ng > 1 && ng * nrows <= per) {
-    for (t = 0; t < ng * nrows; t++) {
-      int row = row0 + t % nrows, i = row / P->R, h = (g + t / nrows) * P->R + row % P->R;
+  if (ng > 1 && ng * nrows > per) { /* the group's codes do not fit: head by head */
+    for (hh = 0; hh < ng; hh++)
+      kva__attend_rows_int(P, w, kv0, kv1, g + hh, 1, q, q_pos, q_base, row0, nrows, out, lse, compact);
+    return;
+  }
+  for (t0 = 0; t0 < ng * nrows; t0 += per) { /* a group passes at once; one head, in parts that fit */
+    int n = ng * nrows - t0 < per ? ng * nrows - t0 : per;
+    for (t = 0; t < n; t++) {
+      int row = row0 + (t0 + t) % nrows, i = row / P->R, h = (g + (t0 + t) / nrows) * P->R + row % P->R;
       kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
                           (char *)mem + (size_t)t * row_bytes, &iq[t]);
     }
-    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact, iq);
-    return;
+    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0 + t0, ng > 1 ? nrows : n,
+                          compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse, compact, iq);
   }
-  for (hh = 0; hh < ng; hh++)
-    for (t0 = 0; t0 < nrows; t0 += per) {
-      int n = nrows - t0 < per ? nrows - t0 : per;
-      for (t = 0; t < n; t++) {
-        int row = row0 + t0 + t, i = row / P->R, h = (g + hh) * P->R + row % P->R;
-        kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
-                            (char *)mem + (size_t)t * row_bytes, &iq[t]);
-      }
-      kva__attend_rows_with(P, w, kv0, kv1, g + hh, 1, q, q_pos, q_base, row0 + t0, n,
-                            compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse,
-                            compact, iq);
-    }
 }
 
 /* Rows [row0, row0+nrows) of KV heads g .. g+ng-1 over keys [kv0, kv1), float or integer scores. */
