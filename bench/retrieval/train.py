@@ -1,0 +1,532 @@
+#!/usr/bin/python3
+"""Train the retrieval model: a small Llama-style model (GQA, head size 64,
+2,048-token context) that both models prose and retrieves what its context
+said far back (a single pass key, or one of several named keys), so that the
+quality benchmark can show what a KV-cache configuration costs where it
+matters.  Python is used only here, to produce the model files; the library
+and its programs are C.
+
+Training is a curriculum (see PHASES): short sequences dense with named keys
+and questions first, so that retrieval heads form early; then longer
+sequences where a few keys hide in real prose; then the full context.  It
+runs in the background for hours and may be stopped at any time: it saves a
+checkpoint (model, optimizer, step, elapsed time) every CKPT_MINUTES and
+resumes from it exactly, because every batch is drawn from a random state
+derived from (RANDOM_STATE, step) alone.
+
+Run:   /usr/bin/python3 bench/retrieval/train.py            (train or resume)
+       /usr/bin/python3 bench/retrieval/train.py --probe    (time a few steps per phase)
+       /usr/bin/python3 bench/retrieval/train.py --eval     (evaluate the checkpoint)
+       /usr/bin/python3 bench/retrieval/train.py --export   (write model.bin and the test files)
+Needs: apt-get install python3-torch libopenblas0-openmp bible-kjv
+"""
+import math
+import re
+import os
+import struct
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROSE_DIR = os.path.join(os.path.dirname(HERE), "model")
+
+
+def _load_prose_module():
+    # the prose model's script, by path (both scripts are named train.py)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("prose_train", os.path.join(PROSE_DIR, "train.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# corpus, tokenizer, RoPE and the independent numpy loader
+prose = _load_prose_module()
+
+RANDOM_STATE = 4321
+THREADS = int(os.environ.get("TRAIN_THREADS", "2"))
+torch.set_num_threads(THREADS)
+
+# ---------------------------------------------------------------- config
+DIM = 256
+N_LAYERS = 4
+N_HEADS = 4
+N_KV_HEADS = 2
+HEAD_SIZE = DIM // N_HEADS        # 64
+HIDDEN = 704                      # ~2.75 x DIM, a multiple of 64
+SEQ_LEN = 2048
+VOCAB_SIZE = 2048                 # the prose model's tokenizer, reused as is
+
+# (first step of the phase, sequence length, sequences per batch,
+#  share of dense key documents, share of haystack documents (single or
+#  multi-key in prose filler); the rest is plain prose)
+PHASES = [
+    (1, 256, 16, 0.60, 0.20),
+    (1201, 512, 8, 0.35, 0.40),
+    (2001, 1024, 4, 0.20, 0.50),
+    (2601, 2048, 2, 0.15, 0.55),
+]
+STEPS = 3400
+WARMUP = 100
+LR_MAX = 2e-3
+LR_MIN = 2e-4
+DECAY_FROM = 2900                 # constant LR until here, then cosine to LR_MIN
+WEIGHT_DECAY = 0.1
+ANSWER_WEIGHT = 3.0
+CKPT_MINUTES = 5
+EVAL_EVERY = 100
+
+STATE_DIR = os.environ.get("TRAIN_STATE_DIR", os.path.join(HERE, "state"))
+CKPT = os.path.join(STATE_DIR, "ckpt.pt")
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+# ---------------------------------------------------------------- retrieval texts
+# The texts are plain sentences, so that any tokenizer can build the same
+# cases (the C bench does, from a user's tokenizer).
+NAMES = ("Abraham Isaac Jacob Joseph Moses Aaron Joshua Samuel David Solomon "
+         "Elijah Elisha Isaiah Jeremiah Daniel Jonah Ruth Esther Sarah Rachel "
+         "Leah Rebekah Miriam Deborah Gideon Samson Saul Jonathan Absalom Nathan "
+         "Ezra Nehemiah Job Noah Adam Seth Enoch Laban Esau Benjamin Judah Levi "
+         "Simeon Reuben Gad Asher Dan Naphtali Zebulun Issachar Ephraim Manasseh "
+         "Caleb Boaz Eli Hannah Peter Andrew James John Philip Thomas Matthew Paul").split()
+
+
+def digits(rng, n=5):
+    return "".join(str(int(d)) for d in rng.integers(0, 10, n))
+
+
+def single_needle(k):
+    return " The pass key is %s. Remember it. %s is the pass key." % (k, k)
+
+
+SINGLE_QUESTION = " What is the pass key? The pass key is"
+
+
+def named_needle(name, k):
+    return " The pass key of %s is %s." % (name, k)
+
+
+def named_question(name):
+    return " What is the pass key of %s? The pass key of %s is" % (name, name)
+
+
+class Corpus:
+    """Training prose (a token stream and sentences for filler), held-out
+    prose (sentences for evaluation filler), and the tokenizer."""
+
+    def __init__(self):
+        books = prose.load_bible()
+        self.tok = read_tokenizer(os.path.join(PROSE_DIR, "tokenizer.bin"))
+        train = [t for b, t in books if b not in prose.HELDOUT_BOOKS]
+        held = [t for b, t in books if b in prose.HELDOUT_BOOKS]
+        stream = []
+        for t in train:
+            stream.extend(self.tok.encode(t))
+        self.stream = np.array(stream, dtype=np.int64)
+        self.heldout_text = "\n\n".join(held) + "\n"
+        self.held_ids = self.tok.encode(self.heldout_text)
+        self.train_sents = self.sentences(train)
+        self.held_sents = self.sentences(held)
+        self.space_digits = [self.tok.encode_raw(" %d" % d) for d in range(10)]
+        log("corpus: %d training tokens, %d held-out tokens, %d / %d filler sentences"
+            % (len(self.stream), len(self.held_ids), len(self.train_sents), len(self.held_sents)))
+
+    def sentences(self, texts):
+        out = []
+        for t in texts:
+            for para in t.split("\n"):
+                if para.startswith("Chapter") or len(para) < 120:
+                    continue
+                for s in re.findall(r"[^.;:?!]+[.;:?!]", para):
+                    s = " " + s.strip()
+                    out.append((s, self.tok.encode_raw(s)))
+        return out
+
+    def filler(self, rng, n_tokens, sents):
+        """Consecutive sentences [(text, ids)] from a random place, about
+        n_tokens in all (never more)."""
+        out, n = [], 0
+        i = int(rng.integers(len(sents)))
+        while n + len(sents[i % len(sents)][1]) <= n_tokens:
+            out.append(sents[i % len(sents)])
+            n += len(out[-1][1])
+            i += 1
+        return out
+
+
+def read_tokenizer(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    off = 4
+    pieces, scores = [], []
+    while off < len(buf):
+        s, n = struct.unpack_from("<fi", buf, off)
+        off += 8
+        pieces.append(buf[off:off + n].decode("utf-8"))
+        scores.append(s)
+        off += n
+    assert len(pieces) == VOCAB_SIZE, len(pieces)
+    return prose.Tokenizer(pieces, scores)
+
+
+# ---------------------------------------------------------------- documents
+def haystack(corpus, rng, total, needles, question, sents, depths=None):
+    """A prompt of about `total` tokens (BOS included): filler prose with the
+    needle sentences at the given depths (fractions of the filler, placed on
+    sentence boundaries; random when None), then the question.  Returns
+    (text, ids)."""
+    tok = corpus.tok
+    n_ids = [tok.encode_raw(s) for s in needles]
+    q_ids = tok.encode_raw(question)
+    room = max(0, total - 1 - len(q_ids) - sum(len(x) for x in n_ids))
+    fill = corpus.filler(rng, room, sents)
+    cum = [0]
+    for _, s in fill:
+        cum.append(cum[-1] + len(s))
+    if depths is None:
+        depths = sorted(rng.random(len(needles)))
+    text, ids, at = "", [1], 0
+    for j in sorted(range(len(needles)), key=lambda j: depths[j]):
+        cut = min(max(int(np.searchsorted(cum, depths[j] * cum[-1])), at), len(fill))
+        for t, s in fill[at:cut]:
+            text += t
+            ids += s
+        at = cut
+        text += needles[j]
+        ids += n_ids[j]
+    for t, s in fill[at:]:
+        text += t
+        ids += s
+    return text + question, ids + q_ids
+
+
+def answer_ids(corpus, k):
+    return corpus.tok.encode_raw(" " + k + ".")
+
+
+def dense_keys_doc(corpus, rng, T):
+    """Dense associative recall in sentences: named keys, a little prose,
+    then questions about most of them, each answered.  Returns (ids, answer
+    spans [(start, length)] in ids)."""
+    tok = corpus.tok
+    ids, spans = [1], []
+    # about 11 tokens a key and 22 a question with its answer: all fit in T
+    n = int(rng.integers(2, max(3, T // 36) + 1))
+    n = min(n, len(NAMES))
+    names = list(rng.choice(NAMES, n, replace=False))
+    keys = [digits(rng) for _ in names]
+    for nm, k in zip(names, keys):
+        ids += tok.encode_raw(named_needle(nm, k))
+        if rng.random() < 0.3:
+            for _, f in corpus.filler(rng, int(rng.integers(5, 40)), corpus.train_sents):
+                ids += f
+    order = rng.permutation(n)
+    for j in order:
+        if len(ids) > T:
+            break
+        ids += tok.encode_raw(named_question(names[j]))
+        a = answer_ids(corpus, keys[j])
+        spans.append((len(ids), len(a) - 1))
+        ids += a
+    return ids, spans
+
+
+def haystack_doc(corpus, rng, T):
+    """A single pass key or 2-8 named keys in training prose, then one or
+    more questions, each answered."""
+    tok = corpus.tok
+    if rng.random() < 0.4:
+        k = digits(rng)
+        needles, qa = [single_needle(k)], [(SINGLE_QUESTION, k)]
+    else:
+        n = int(rng.integers(2, 9))
+        names = list(rng.choice(NAMES, n, replace=False))
+        keys = [digits(rng) for _ in names]
+        needles = [named_needle(a, b) for a, b in zip(names, keys)]
+        nq = int(rng.integers(1, min(n, 3) + 1))
+        qs = rng.choice(n, nq, replace=False)
+        qa = [(named_question(names[j]), keys[j]) for j in qs]
+    tail = sum(len(tok.encode_raw(q)) + 7 for q, _ in qa[1:]) + 7
+    total = int(rng.integers(T // 4, T + 1)) - tail
+    _, ids = haystack(corpus, rng, max(total, 40), needles, qa[0][0], corpus.train_sents)
+    spans = []
+    for i, (q, k) in enumerate(qa):
+        if i > 0:
+            ids += tok.encode_raw(q)
+        a = answer_ids(corpus, k)
+        spans.append((len(ids), len(a) - 1))
+        ids += a
+    return ids, spans
+
+
+def phase_of(step):
+    ph = PHASES[0]
+    for p in PHASES:
+        if step >= p[0]:
+            ph = p
+    return ph
+
+
+def batch(corpus, step):
+    """Inputs, targets and loss weights of one step: a function of the step
+    alone, so a resumed run sees the same data as an uninterrupted one."""
+    rng = np.random.default_rng([RANDOM_STATE, step])
+    _, T, B, dense, hay = phase_of(step)
+    xs, ws = [], []
+    for _ in range(B):
+        r = rng.random()
+        w = np.ones(T, dtype=np.float32)
+        if r < dense + hay:
+            ids, spans = (dense_keys_doc if r < dense else haystack_doc)(corpus, rng, T)
+            ids = ids + corpus.tok.encode_raw("\n")
+            need = T + 1 - len(ids)
+            if need > 0:                  # pad with a new prose document
+                o = int(rng.integers(len(corpus.stream) - need))
+                ids = ids + [1] + list(corpus.stream[o:o + need - 1])
+            ids = ids[:T + 1]
+            for s, n in spans:            # target index t predicts ids[t + 1]
+                lo, hi = s - 1, min(s - 1 + n, T)
+                if lo < T:
+                    w[lo:hi] = ANSWER_WEIGHT
+            xs.append(np.array(ids, dtype=np.int64))
+        else:
+            o = int(rng.integers(len(corpus.stream) - T - 1))
+            xs.append(corpus.stream[o:o + T + 1])
+        ws.append(w)
+    x = torch.from_numpy(np.stack(xs))
+    return x[:, :-1], x[:, 1:], torch.from_numpy(np.stack(ws))
+
+
+# ---------------------------------------------------------------- model
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        L = torch.nn.Linear
+        self.att_norm = torch.nn.Parameter(torch.ones(DIM))
+        self.wq = L(DIM, N_HEADS * HEAD_SIZE, bias=False)
+        self.wk = L(DIM, N_KV_HEADS * HEAD_SIZE, bias=False)
+        self.wv = L(DIM, N_KV_HEADS * HEAD_SIZE, bias=False)
+        self.wo = L(N_HEADS * HEAD_SIZE, DIM, bias=False)
+        self.ffn_norm = torch.nn.Parameter(torch.ones(DIM))
+        self.w1 = L(DIM, HIDDEN, bias=False)
+        self.w2 = L(HIDDEN, DIM, bias=False)
+        self.w3 = L(DIM, HIDDEN, bias=False)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB_SIZE, DIM)
+        self.layers = torch.nn.ModuleList([Block() for _ in range(N_LAYERS)])
+        self.norm = torch.nn.Parameter(torch.ones(DIM))
+        for n, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02
+                if n.endswith("wo.weight") or n.endswith("w2.weight"):
+                    std = 0.02 / math.sqrt(2 * N_LAYERS)
+                torch.nn.init.normal_(p, 0.0, std)
+        self.rope = {}
+
+    def tables(self, T, dtype):
+        key = (T, dtype)
+        if key not in self.rope:
+            self.rope[key] = prose.rope_tables(T, HEAD_SIZE, dtype)
+        return self.rope[key]
+
+    def forward(self, idx):
+        B, T = idx.shape
+        cos, sin = self.tables(T, self.emb.weight.dtype)
+        mask = torch.full((T, T), float("-inf"), dtype=self.emb.weight.dtype).triu(1)
+        x = self.emb(idx)
+        rep = N_HEADS // N_KV_HEADS
+        for L in self.layers:
+            h = prose.rmsnorm(x, L.att_norm)
+            q = prose.apply_rope(L.wq(h).view(B, T, N_HEADS, HEAD_SIZE), cos, sin)
+            k = prose.apply_rope(L.wk(h).view(B, T, N_KV_HEADS, HEAD_SIZE), cos, sin)
+            v = L.wv(h).view(B, T, N_KV_HEADS, HEAD_SIZE)
+            # query head h reads KV head h // rep, as kvattn does
+            k = k.repeat_interleave(rep, dim=2)
+            v = v.repeat_interleave(rep, dim=2)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            att = (q * (1.0 / math.sqrt(HEAD_SIZE))) @ k.transpose(-1, -2) + mask
+            att = F.softmax(att, dim=-1)
+            o = (att @ v).transpose(1, 2).reshape(B, T, N_HEADS * HEAD_SIZE)
+            x = x + L.wo(o)
+            h = prose.rmsnorm(x, L.ffn_norm)
+            x = x + L.w2(F.silu(L.w1(h)) * L.w3(h))
+        x = prose.rmsnorm(x, self.norm)
+        return x @ self.emb.weight.t()
+
+
+def make_optimizer(model):
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    nodecay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                              {"params": nodecay, "weight_decay": 0.0}],
+                             lr=LR_MAX, betas=(0.9, 0.95), eps=1e-8)
+
+
+def lr_at(step):
+    if step <= WARMUP:
+        return LR_MAX * step / WARMUP
+    if step <= DECAY_FROM:
+        return LR_MAX
+    p = min(1.0, (step - DECAY_FROM) / max(1, STEPS - DECAY_FROM))
+    return LR_MIN + 0.5 * (LR_MAX - LR_MIN) * (1 + math.cos(math.pi * p))
+
+
+# ---------------------------------------------------------------- evaluation
+DEPTHS = (0.10, 0.25, 0.50, 0.75, 0.90)
+
+
+def eval_cases(corpus, T, n_per, state):
+    """Single-key and multi-key (4 named keys, one asked) prompts of about T
+    tokens in held-out prose, n_per per depth.  [(kind, depth, key, ids)]"""
+    rng = np.random.default_rng(state)
+    cases = []
+    for d in DEPTHS:
+        for _ in range(n_per):
+            k = digits(rng)
+            _, ids = haystack(corpus, rng, T - 8, [single_needle(k)], SINGLE_QUESTION,
+                              corpus.held_sents, depths=[d])
+            cases.append(("single", d, k, ids))
+            names = list(rng.choice(NAMES, 4, replace=False))
+            keys = [digits(rng) for _ in names]
+            dep = [float(rng.random()) for _ in names]
+            dep[0] = d
+            _, ids = haystack(corpus, rng, T - 8,
+                              [named_needle(a, b) for a, b in zip(names, keys)],
+                              named_question(names[0]), corpus.held_sents, depths=dep)
+            cases.append(("multi", d, keys[0], ids))
+    return cases
+
+
+@torch.no_grad()
+def retrieval_accuracy(model, corpus, cases):
+    """Exact greedy match of the answer digits (teacher-forced argmax equals
+    greedy decoding while every digit is right).  {(kind, depth): accuracy}"""
+    model.eval()
+    res = {}
+    for kind, d, k, ids in cases:
+        a = answer_ids(corpus, k)[:-1]
+        logits = model(torch.tensor([ids + a]))[0]
+        pred = logits[len(ids) - 1:len(ids) - 1 + len(a)].argmax(-1).tolist()
+        res.setdefault((kind, d), []).append(pred == a)
+    model.train()
+    return {key: sum(v) / len(v) for key, v in res.items()}
+
+
+@torch.no_grad()
+def heldout_loss(model, ids, T, max_windows):
+    model.eval()
+    tot, n = 0.0, 0
+    ids = torch.tensor(ids)
+    for s in list(range(0, len(ids) - 1, T))[:max_windows]:
+        y = ids[s + 1:s + T + 1]
+        x = ids[s:s + len(y)]
+        tot += F.cross_entropy(model(x[None])[0], y, reduction="sum").item()
+        n += len(y)
+    model.train()
+    return tot / n
+
+
+def summary(acc):
+    out = []
+    for kind in ("single", "multi"):
+        v = [acc[(kind, d)] for d in DEPTHS if (kind, d) in acc]
+        out.append("%s %.2f [%s]" % (kind, sum(v) / len(v),
+                                      " ".join("%.1f" % x for x in v)))
+    return "  ".join(out)
+
+
+# ---------------------------------------------------------------- checkpoint
+def save_ckpt(model, opt, step, elapsed, history):
+    os.makedirs(STATE_DIR, exist_ok=True)
+    tmp = CKPT + ".tmp"
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                "elapsed": elapsed, "history": history, "threads": THREADS}, tmp)
+    os.replace(tmp, CKPT)
+
+
+def load_ckpt(model, opt):
+    if not os.path.exists(CKPT):
+        return 0, 0.0, []
+    st = torch.load(CKPT)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    return st["step"], st["elapsed"], st["history"]
+
+
+# ---------------------------------------------------------------- main
+def train(probe=False):
+    torch.manual_seed(RANDOM_STATE)
+    corpus = Corpus()
+    model = Model()
+    opt = make_optimizer(model)
+    log("model: dim %d hidden %d layers %d heads %d kv heads %d head size %d vocab %d seq %d: "
+        "%d params; %d threads" % (DIM, HIDDEN, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE,
+                                   VOCAB_SIZE, SEQ_LEN, sum(p.numel() for p in model.parameters()),
+                                   THREADS))
+    if probe:
+        for p in PHASES:
+            t0 = time.time()
+            for s in range(p[0], p[0] + 3):
+                x, y, w = batch(corpus, s)
+                loss = F.cross_entropy(model(x).reshape(-1, VOCAB_SIZE), y.reshape(-1))
+                opt.zero_grad()
+                loss.backward()
+            log("phase T=%d B=%d: %.2f s/step" % (p[1], p[2], (time.time() - t0) / 3))
+        return
+    step, elapsed, history = load_ckpt(model, opt)
+    if step:
+        log("resumed at step %d (%.1f min trained so far)" % (step, elapsed / 60))
+    evals = {T: eval_cases(corpus, T, 4, 100 + T) for T in (256, 512, 1024, 2048)}
+    t_last = time.time()
+    t_ckpt = time.time()
+    ema = None
+    while step < STEPS:
+        step += 1
+        lr = lr_at(step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y, w = batch(corpus, step)
+        ce = F.cross_entropy(model(x).reshape(-1, VOCAB_SIZE), y.reshape(-1), reduction="none")
+        loss = (ce * w.reshape(-1)).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        now = time.time()
+        elapsed += now - t_last
+        t_last = now
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        T = phase_of(step)[1]
+        if step % 10 == 0:
+            log("step %d/%d T=%d loss %.4f (ema %.4f) lr %.2e trained %.1f min"
+                % (step, STEPS, T, loss.item(), ema, lr, elapsed / 60))
+        if step % EVAL_EVERY == 0 or step == STEPS:
+            t_ev = time.time()
+            acc = retrieval_accuracy(model, corpus, evals[T])
+            hl = heldout_loss(model, corpus.held_ids, T, 4 * 2048 // T)
+            history.append((step, T, hl, acc))
+            log("eval step %d T=%d: held-out loss %.4f  %s" % (step, T, hl, summary(acc)))
+            t_last += time.time() - t_ev      # evaluation is not training time
+        if time.time() - t_ckpt > CKPT_MINUTES * 60 or step == STEPS:
+            save_ckpt(model, opt, step, elapsed, history)
+            t_ckpt = time.time()
+            log("checkpoint at step %d" % step)
+    log("done: %d steps, %.1f min of training on %d threads" % (step, elapsed / 60, THREADS))
+
+
+if __name__ == "__main__":
+    train(probe="--probe" in sys.argv)
