@@ -63,20 +63,27 @@ HIDDEN = 704                      # ~2.75 x DIM, a multiple of 64
 SEQ_LEN = 2048
 VOCAB_SIZE = 2048                 # the prose model's tokenizer, reused as is
 
-# (first step of the phase, sequence length, sequences per batch,
-#  share of dense key documents, share of haystack documents (single or
-#  multi-key in prose filler); the rest is plain prose)
+# (first step of the phase, sequence length, sequences per batch, share of
+#  copy documents, of dense key documents, of haystack documents (keys in
+#  prose filler); the rest is plain prose).  Copy documents (a random token
+#  string repeated) come first because retrieval needs an induction circuit
+#  (Olsson et al. 2022, "In-context Learning and Induction Heads") and small
+#  models reach it only after a long plateau, which grows with the context
+#  length; 32-token sequences, and strings drawn from a small alphabet,
+#  shorten it several-fold here (README.md).
 PHASES = [
-    (1, 256, 16, 0.60, 0.20),
-    (1201, 512, 8, 0.35, 0.40),
-    (2001, 1024, 4, 0.20, 0.50),
-    (2601, 2048, 2, 0.15, 0.55),
+    (1, 32, 32, 0.75, 0.00, 0.00),
+    (601, 128, 16, 0.30, 0.50, 0.00),
+    (1401, 256, 16, 0.10, 0.40, 0.30),
+    (2001, 512, 8, 0.05, 0.30, 0.40),
+    (2501, 1024, 4, 0.05, 0.20, 0.50),
+    (2901, 2048, 2, 0.05, 0.15, 0.55),
 ]
-STEPS = 3400
+STEPS = 3500
 WARMUP = 100
 LR_MAX = 2e-3
 LR_MIN = 2e-4
-DECAY_FROM = 2900                 # constant LR until here, then cosine to LR_MIN
+DECAY_FROM = 3100                 # constant LR until here, then cosine to LR_MIN
 WEIGHT_DECAY = 0.1
 ANSWER_WEIGHT = 3.0
 CKPT_MINUTES = 5
@@ -269,6 +276,21 @@ def haystack_doc(corpus, rng, T):
     return ids, spans
 
 
+SMALL_ALPHABET = 48             # copy strings: half from ids 259..306 (single characters)
+
+
+def copy_doc(rng, T):
+    """A random token string of 4..min(32, T / 3) tokens repeated to fill
+    T + 1 tokens; the first occurrence is unpredictable and weighs nothing."""
+    L = int(rng.integers(4, min(32, T // 3) + 1))
+    hi = 259 + SMALL_ALPHABET if rng.random() < 0.5 else VOCAB_SIZE
+    seg = [int(t) for t in rng.integers(259, hi, L)]
+    ids = [1] + (seg * (T // L + 2))[:T]
+    w = np.ones(T, dtype=np.float32)
+    w[:L] = 0.0
+    return np.array(ids, dtype=np.int64), w
+
+
 def phase_of(step):
     ph = PHASES[0]
     for p in PHASES:
@@ -281,13 +303,16 @@ def batch(corpus, step):
     """Inputs, targets and loss weights of one step: a function of the step
     alone, so a resumed run sees the same data as an uninterrupted one."""
     rng = np.random.default_rng([RANDOM_STATE, step])
-    _, T, B, dense, hay = phase_of(step)
+    _, T, B, copy, dense, hay = phase_of(step)
     xs, ws = [], []
     for _ in range(B):
         r = rng.random()
         w = np.ones(T, dtype=np.float32)
-        if r < dense + hay:
-            ids, spans = (dense_keys_doc if r < dense else haystack_doc)(corpus, rng, T)
+        if r < copy:
+            x, w = copy_doc(rng, T)
+            xs.append(x)
+        elif r < copy + dense + hay:
+            ids, spans = (dense_keys_doc if r < copy + dense else haystack_doc)(corpus, rng, T)
             ids = ids + corpus.tok.encode_raw("\n")
             need = T + 1 - len(ids)
             if need > 0:                  # pad with a new prose document
@@ -416,14 +441,17 @@ def retrieval_accuracy(model, corpus, cases):
     """Exact greedy match of the answer digits (teacher-forced argmax equals
     greedy decoding while every digit is right).  {(kind, depth): accuracy}"""
     model.eval()
-    res = {}
+    res, digit_ok = {}, []
     for kind, d, k, ids in cases:
         a = answer_ids(corpus, k)[:-1]
         logits = model(torch.tensor([ids + a]))[0]
         pred = logits[len(ids) - 1:len(ids) - 1 + len(a)].argmax(-1).tolist()
         res.setdefault((kind, d), []).append(pred == a)
+        digit_ok += [x == y for x, y in zip(pred, a)]
     model.train()
-    return {key: sum(v) / len(v) for key, v in res.items()}
+    acc = {key: sum(v) / len(v) for key, v in res.items()}
+    acc["digits"] = sum(digit_ok) / len(digit_ok)
+    return acc
 
 
 @torch.no_grad()
@@ -440,13 +468,29 @@ def heldout_loss(model, ids, T, max_windows):
     return tot / n
 
 
+@torch.no_grad()
+def copy_accuracy(model):
+    """Share of the second occurrence of a random 20-token string (any text
+    token) predicted right: 1 once an induction circuit works."""
+    rng = np.random.default_rng(99)
+    ok = n = 0
+    model.eval()
+    for _ in range(8):
+        seg = [int(t) for t in rng.integers(259, VOCAB_SIZE, 20)]
+        pred = model(torch.tensor([[1] + seg + seg]))[0].argmax(-1).tolist()
+        ok += sum(pred[20 + i] == seg[i] for i in range(1, 20))
+        n += 19
+    model.train()
+    return ok / n
+
+
 def summary(acc):
     out = []
     for kind in ("single", "multi"):
         v = [acc[(kind, d)] for d in DEPTHS if (kind, d) in acc]
         out.append("%s %.2f [%s]" % (kind, sum(v) / len(v),
                                       " ".join("%.1f" % x for x in v)))
-    return "  ".join(out)
+    return "  ".join(out) + "  answer tokens %.2f" % acc.get("digits", 0.0)
 
 
 # ---------------------------------------------------------------- checkpoint
@@ -465,6 +509,127 @@ def load_ckpt(model, opt):
     model.load_state_dict(st["model"])
     opt.load_state_dict(st["opt"])
     return st["step"], st["elapsed"], st["history"]
+
+
+# ---------------------------------------------------------------- export
+def export(model, path):
+    """llama2.c legacy checkpoint: 7 int32 (dim, hidden, layers, heads, KV
+    heads, vocab (positive: classifier tied to the embedding), seq_len), the
+    float32 tensors, then the RoPE cos and sin tables."""
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<7i", DIM, HIDDEN, N_LAYERS, N_HEADS, N_KV_HEADS, VOCAB_SIZE, SEQ_LEN))
+
+        def w(t):
+            f.write(t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes())
+        w(model.emb.weight)
+        for name in ["att_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3"]:
+            for L in model.layers:
+                p = getattr(L, name)
+                w(p if isinstance(p, torch.Tensor) else p.weight)
+        w(model.norm)
+        cos, sin = prose.rope_tables(SEQ_LEN, HEAD_SIZE, torch.float32)
+        w(cos)
+        w(sin)
+    os.replace(path + ".tmp", path)
+
+
+NEEDLE_LENGTHS = (1024, 2048)
+NEEDLE_PER_CELL = 10
+
+
+def needle_files(corpus):
+    """needle_single.tsv and needle_multi.tsv: depth TAB answer TAB prompt,
+    NEEDLE_PER_CELL cases per depth and context length, in held-out prose.
+    Each prompt, encoded as a C program encodes it (BOS, dummy-prefix space,
+    greedy merges), is the token list the cases were built from."""
+    for kind in ("single", "multi"):
+        path = os.path.join(HERE, "needle_%s.tsv" % kind)
+        n = 0
+        with open(path + ".tmp", "w") as f:
+            for T in NEEDLE_LENGTHS:
+                for kd, d, k, ids, text in file_cases(corpus, T, kind):
+                    assert "\t" not in text and "\n" not in text
+                    assert corpus.tok.encode(text[1:]) == ids, "piecewise encoding differs"
+                    f.write("%g\t%s\t%s\n" % (d, k, text[1:]))
+                    n += 1
+        os.replace(path + ".tmp", path)
+        log("wrote %s: %d cases" % (os.path.basename(path), n))
+
+
+def file_cases(corpus, T, kind):
+    """The committed needle cases of one kind and context length: prompts of
+    T - 8 tokens at most, so that the answer fits in T."""
+    rng = np.random.default_rng([RANDOM_STATE, T, 1 if kind == "single" else 2])
+    out = []
+    for d in DEPTHS:
+        for _ in range(NEEDLE_PER_CELL):
+            names = list(rng.choice(NAMES, 4, replace=False))
+            keys = [digits(rng) for _ in names]
+            if kind == "single":
+                text, ids = haystack(corpus, rng, T - 8, [single_needle(keys[0])],
+                                     SINGLE_QUESTION, corpus.held_sents, depths=[d])
+            else:
+                dep = [d] + [float(x) for x in rng.random(3)]
+                text, ids = haystack(corpus, rng, T - 8,
+                                     [named_needle(a, b) for a, b in zip(names, keys)],
+                                     named_question(names[0]), corpus.held_sents, depths=dep)
+            out.append((kind, d, keys[0], ids, text))
+    return out
+
+
+REF_SENTENCE = ("The pass key of Jacob is 40517. And it came to pass, when the king heard "
+                "the words of the law, that he rent his clothes. What is the pass key of "
+                "Jacob? The pass key of Jacob is")
+
+
+def write_ref_logits(corpus, model_path):
+    """ref_logits.txt: float64 logits of a fixed prompt from the float32
+    weights of model.bin, by the prose script's independent numpy decoder
+    (token by token with a KV cache), checked against this script's model."""
+    ids = corpus.tok.encode(REF_SENTENCE)
+    W = prose.load_bin_numpy(model_path)
+    ref = prose.numpy_forward(W, ids)
+    m = Model().double()
+    with torch.no_grad():
+        m.emb.weight.copy_(torch.from_numpy(W["emb"]))
+        m.norm.copy_(torch.from_numpy(W["rms_final"]))
+        for l, L in enumerate(m.layers):
+            L.att_norm.copy_(torch.from_numpy(W["rms_att"][l]))
+            L.ffn_norm.copy_(torch.from_numpy(W["rms_ffn"][l]))
+            for n in ["wq", "wk", "wv", "wo", "w1", "w2", "w3"]:
+                getattr(L, n).weight.copy_(torch.from_numpy(W[n][l]))
+        tl = m(torch.tensor([ids]))[0].numpy()
+    err = float(np.abs(tl - ref).max())
+    log("ref logits: %d positions, numpy decode against torch prefill (float64): max |diff| %.3g"
+        % (len(ids), err))
+    assert err < 1e-9, err
+    with open(os.path.join(HERE, "ref_logits.txt"), "w") as f:
+        f.write("# line 2: prompt token ids (BOS + encode of %r); then one line per position: "
+                "the %d logits computed in float64 from the float32 weights of model.bin, %%.9g\n"
+                % (REF_SENTENCE, VOCAB_SIZE))
+        f.write(" ".join(map(str, ids)) + "\n")
+        for row in ref:
+            f.write(" ".join("%.9g" % v for v in row) + "\n")
+
+
+def load_trained():
+    model = Model()
+    st = torch.load(CKPT)
+    model.load_state_dict(st["model"])
+    log("checkpoint: step %d, %.1f min of training on %d threads"
+        % (st["step"], st["elapsed"] / 60, st["threads"]))
+    return model, st
+
+
+def evaluate(corpus, model):
+    """The figures of README.md: held-out loss over 2,048-token windows and
+    retrieval on the committed needle cases (teacher-forced exact match)."""
+    hl = heldout_loss(model, corpus.held_ids, SEQ_LEN, 1000)
+    log("held-out loss %.4f nats/token (perplexity %.2f), 2,048-token windows" % (hl, math.exp(hl)))
+    for T in NEEDLE_LENGTHS:
+        for kind in ("single", "multi"):
+            cases = [c[:4] for c in file_cases(corpus, T, kind)]
+            log("needle %s T=%d: %s" % (kind, T, summary(retrieval_accuracy(model, corpus, cases))))
 
 
 # ---------------------------------------------------------------- main
@@ -486,11 +651,13 @@ def train(probe=False):
                 opt.zero_grad()
                 loss.backward()
             log("phase T=%d B=%d: %.2f s/step" % (p[1], p[2], (time.time() - t0) / 3))
+        log("copy accuracy %.2f, retrieval %s" % (copy_accuracy(model), summary(
+            retrieval_accuracy(model, corpus, eval_cases(corpus, 128, 1, 5)))))
         return
     step, elapsed, history = load_ckpt(model, opt)
     if step:
         log("resumed at step %d (%.1f min trained so far)" % (step, elapsed / 60))
-    evals = {T: eval_cases(corpus, T, 4, 100 + T) for T in (256, 512, 1024, 2048)}
+    evals = {p[1]: eval_cases(corpus, p[1], 4, 100 + p[1]) for p in PHASES}
     t_last = time.time()
     t_ckpt = time.time()
     ema = None
@@ -518,8 +685,9 @@ def train(probe=False):
             t_ev = time.time()
             acc = retrieval_accuracy(model, corpus, evals[T])
             hl = heldout_loss(model, corpus.held_ids, T, 4 * 2048 // T)
-            history.append((step, T, hl, acc))
-            log("eval step %d T=%d: held-out loss %.4f  %s" % (step, T, hl, summary(acc)))
+            cp = copy_accuracy(model)
+            history.append((step, T, hl, cp, acc))
+            log("eval step %d T=%d: held-out loss %.4f  copy %.2f  %s" % (step, T, hl, cp, summary(acc)))
             t_last += time.time() - t_ev      # evaluation is not training time
         if time.time() - t_ckpt > CKPT_MINUTES * 60 or step == STEPS:
             save_ckpt(model, opt, step, elapsed, history)
@@ -529,4 +697,13 @@ def train(probe=False):
 
 
 if __name__ == "__main__":
-    train(probe="--probe" in sys.argv)
+    if "--eval" in sys.argv or "--export" in sys.argv:
+        corpus = Corpus()
+        model, _ = load_trained()
+        if "--export" in sys.argv:
+            export(model, os.path.join(HERE, "model.bin"))
+            write_ref_logits(corpus, os.path.join(HERE, "model.bin"))
+            needle_files(corpus)
+        evaluate(corpus, model)
+    else:
+        train(probe="--probe" in sys.argv)
