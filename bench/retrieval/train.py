@@ -63,27 +63,31 @@ HIDDEN = 704                      # ~2.75 x DIM, a multiple of 64
 SEQ_LEN = 2048
 VOCAB_SIZE = 2048                 # the prose model's tokenizer, reused as is
 
-# (first step of the phase, sequence length, sequences per batch, share of
-#  copy documents, of dense key documents, of haystack documents (keys in
-#  prose filler); the rest is plain prose).  Copy documents (a random token
+# (steps, sequence length, sequences per batch, share of copy documents, of
+#  dense key documents, of haystack documents (keys in prose filler); the rest
+#  is plain prose).  The first phase has no fixed length: it runs until the
+#  model copies (COPY_GATE), and the step where it ended is saved with the
+#  checkpoint, so that the schedule after it is fixed.  Copy documents (a random token
 #  string repeated) come first because retrieval needs an induction circuit
 #  (Olsson et al. 2022, "In-context Learning and Induction Heads") and small
 #  models reach it only after a long plateau, which grows with the context
 #  length; 32-token sequences, and strings drawn from a small alphabet,
 #  shorten it several-fold here (README.md).
 PHASES = [
-    (1, 32, 32, 0.75, 0.00, 0.00),
-    (601, 128, 16, 0.30, 0.50, 0.00),
-    (1401, 256, 16, 0.10, 0.40, 0.30),
-    (2001, 512, 8, 0.05, 0.30, 0.40),
-    (2501, 1024, 4, 0.05, 0.20, 0.50),
-    (2901, 2048, 2, 0.05, 0.15, 0.55),
+    (None, 32, 32, 1.00, 0.00, 0.00),
+    (800, 128, 16, 0.25, 0.50, 0.00),
+    (600, 256, 16, 0.10, 0.40, 0.30),
+    (500, 512, 8, 0.05, 0.30, 0.40),
+    (400, 1024, 4, 0.05, 0.20, 0.50),
+    (600, 2048, 2, 0.05, 0.15, 0.55),
 ]
-STEPS = 3500
+COPY_GATE = 0.90        # the first phase ends when copy accuracy reaches this,
+COPY_CHECK_EVERY = 50   # measured every this many steps,
+COPY_MAX_STEPS = 3000   # or here at the latest
 WARMUP = 100
 LR_MAX = 2e-3
 LR_MIN = 2e-4
-DECAY_FROM = 3100                 # constant LR until here, then cosine to LR_MIN
+DECAY_STEPS = 400                 # constant LR, then a cosine to LR_MIN over the last steps
 WEIGHT_DECAY = 0.1
 ANSWER_WEIGHT = 3.0
 CKPT_MINUTES = 5
@@ -291,19 +295,39 @@ def copy_doc(rng, T):
     return np.array(ids, dtype=np.int64), w
 
 
-def phase_of(step):
-    ph = PHASES[0]
-    for p in PHASES:
-        if step >= p[0]:
-            ph = p
-    return ph
+def schedule(gate):
+    """[(first step, last step, phase)] once the first phase ended at step
+    gate; before that, the first phase alone (open-ended)."""
+    if gate is None:
+        return [(1, COPY_MAX_STEPS, PHASES[0])]
+    out, at = [(1, gate, PHASES[0])], gate + 1
+    for p in PHASES[1:]:
+        out.append((at, at + p[0] - 1, p))
+        at += p[0]
+    return out
 
 
-def batch(corpus, step):
+def phase_of(step, gate):
+    for first, last, p in schedule(gate):
+        if first <= step <= last:
+            return p
+    return PHASES[-1]
+
+
+def total_steps(gate):
+    return schedule(gate)[-1][1]
+
+
+def batch(corpus, step, gate):
+    return batch_of_phase(corpus, step, phase_of(step, gate))
+
+
+def batch_of_phase(corpus, step, phase):
     """Inputs, targets and loss weights of one step: a function of the step
-    alone, so a resumed run sees the same data as an uninterrupted one."""
+    and the first phase's end alone, so a resumed run sees the same data as
+    an uninterrupted one."""
     rng = np.random.default_rng([RANDOM_STATE, step])
-    _, T, B, copy, dense, hay = phase_of(step)
+    _, T, B, copy, dense, hay = phase
     xs, ws = [], []
     for _ in range(B):
         r = rng.random()
@@ -401,12 +425,12 @@ def make_optimizer(model):
                              lr=LR_MAX, betas=(0.9, 0.95), eps=1e-8)
 
 
-def lr_at(step):
+def lr_at(step, gate):
     if step <= WARMUP:
         return LR_MAX * step / WARMUP
-    if step <= DECAY_FROM:
+    if gate is None or step <= total_steps(gate) - DECAY_STEPS:
         return LR_MAX
-    p = min(1.0, (step - DECAY_FROM) / max(1, STEPS - DECAY_FROM))
+    p = min(1.0, (step - (total_steps(gate) - DECAY_STEPS)) / DECAY_STEPS)
     return LR_MIN + 0.5 * (LR_MAX - LR_MIN) * (1 + math.cos(math.pi * p))
 
 
@@ -470,16 +494,16 @@ def heldout_loss(model, ids, T, max_windows):
 
 @torch.no_grad()
 def copy_accuracy(model):
-    """Share of the second occurrence of a random 20-token string (any text
+    """Share of the second occurrence of a random 12-token string (any text
     token) predicted right: 1 once an induction circuit works."""
     rng = np.random.default_rng(99)
     ok = n = 0
     model.eval()
-    for _ in range(8):
-        seg = [int(t) for t in rng.integers(259, VOCAB_SIZE, 20)]
+    for _ in range(16):
+        seg = [int(t) for t in rng.integers(259, VOCAB_SIZE, 12)]
         pred = model(torch.tensor([[1] + seg + seg]))[0].argmax(-1).tolist()
-        ok += sum(pred[20 + i] == seg[i] for i in range(1, 20))
-        n += 19
+        ok += sum(pred[12 + i] == seg[i] for i in range(1, 12))
+        n += 11
     model.train()
     return ok / n
 
@@ -494,21 +518,21 @@ def summary(acc):
 
 
 # ---------------------------------------------------------------- checkpoint
-def save_ckpt(model, opt, step, elapsed, history):
+def save_ckpt(model, opt, step, elapsed, history, gate):
     os.makedirs(STATE_DIR, exist_ok=True)
     tmp = CKPT + ".tmp"
     torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-                "elapsed": elapsed, "history": history, "threads": THREADS}, tmp)
+                "elapsed": elapsed, "history": history, "threads": THREADS, "gate": gate}, tmp)
     os.replace(tmp, CKPT)
 
 
 def load_ckpt(model, opt):
     if not os.path.exists(CKPT):
-        return 0, 0.0, []
+        return 0, 0.0, [], None
     st = torch.load(CKPT)
     model.load_state_dict(st["model"])
     opt.load_state_dict(st["opt"])
-    return st["step"], st["elapsed"], st["history"]
+    return st["step"], st["elapsed"], st["history"], st["gate"]
 
 
 # ---------------------------------------------------------------- export
@@ -645,8 +669,8 @@ def train(probe=False):
     if probe:
         for p in PHASES:
             t0 = time.time()
-            for s in range(p[0], p[0] + 3):
-                x, y, w = batch(corpus, s)
+            for s in range(1, 4):
+                x, y, w = batch(corpus, s, None) if p is PHASES[0] else batch_of_phase(corpus, s, p)
                 loss = F.cross_entropy(model(x).reshape(-1, VOCAB_SIZE), y.reshape(-1))
                 opt.zero_grad()
                 loss.backward()
@@ -654,19 +678,19 @@ def train(probe=False):
         log("copy accuracy %.2f, retrieval %s" % (copy_accuracy(model), summary(
             retrieval_accuracy(model, corpus, eval_cases(corpus, 128, 1, 5)))))
         return
-    step, elapsed, history = load_ckpt(model, opt)
+    step, elapsed, history, gate = load_ckpt(model, opt)
     if step:
         log("resumed at step %d (%.1f min trained so far)" % (step, elapsed / 60))
     evals = {p[1]: eval_cases(corpus, p[1], 4, 100 + p[1]) for p in PHASES}
     t_last = time.time()
     t_ckpt = time.time()
     ema = None
-    while step < STEPS:
+    while gate is None or step < total_steps(gate):
         step += 1
-        lr = lr_at(step)
+        lr = lr_at(step, gate)
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, w = batch(corpus, step)
+        x, y, w = batch(corpus, step, gate)
         ce = F.cross_entropy(model(x).reshape(-1, VOCAB_SIZE), y.reshape(-1), reduction="none")
         loss = (ce * w.reshape(-1)).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
@@ -677,20 +701,27 @@ def train(probe=False):
         elapsed += now - t_last
         t_last = now
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        T = phase_of(step)[1]
+        T = phase_of(step, gate)[1]
+        last = "?" if gate is None else str(total_steps(gate))
         if step % 10 == 0:
-            log("step %d/%d T=%d loss %.4f (ema %.4f) lr %.2e trained %.1f min"
-                % (step, STEPS, T, loss.item(), ema, lr, elapsed / 60))
-        if step % EVAL_EVERY == 0 or step == STEPS:
-            t_ev = time.time()
+            log("step %d/%s T=%d loss %.4f (ema %.4f) lr %.2e trained %.1f min"
+                % (step, last, T, loss.item(), ema, lr, elapsed / 60))
+        t_ev = time.time()
+        if gate is None and step % COPY_CHECK_EVERY == 0:
+            cp = copy_accuracy(model)
+            log("copy accuracy %.2f at step %d" % (cp, step))
+            if cp >= COPY_GATE or step >= COPY_MAX_STEPS:
+                gate = step
+                log("first phase over at step %d: %d steps in all" % (gate, total_steps(gate)))
+        if step % EVAL_EVERY == 0 or (gate is not None and step == total_steps(gate)):
             acc = retrieval_accuracy(model, corpus, evals[T])
             hl = heldout_loss(model, corpus.held_ids, T, 4 * 2048 // T)
             cp = copy_accuracy(model)
             history.append((step, T, hl, cp, acc))
             log("eval step %d T=%d: held-out loss %.4f  copy %.2f  %s" % (step, T, hl, cp, summary(acc)))
-            t_last += time.time() - t_ev      # evaluation is not training time
-        if time.time() - t_ckpt > CKPT_MINUTES * 60 or step == STEPS:
-            save_ckpt(model, opt, step, elapsed, history)
+        t_last += time.time() - t_ev          # evaluation is not training time
+        if time.time() - t_ckpt > CKPT_MINUTES * 60 or (gate is not None and step == total_steps(gate)):
+            save_ckpt(model, opt, step, elapsed, history, gate)
             t_ckpt = time.time()
             log("checkpoint at step %d" % step)
     log("done: %d steps, %.1f min of training on %d threads" % (step, elapsed / 60, THREADS))
