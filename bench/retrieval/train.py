@@ -18,6 +18,7 @@ Run:   /usr/bin/python3 bench/retrieval/train.py            (train or resume)
        /usr/bin/python3 bench/retrieval/train.py --probe    (time a few steps per phase)
        /usr/bin/python3 bench/retrieval/train.py --eval     (evaluate the checkpoint)
        /usr/bin/python3 bench/retrieval/train.py --export   (write model.bin and the test files)
+       /usr/bin/python3 bench/retrieval/train.py --check-resume  (stop and resume a tiny run: same weights?)
 Needs: apt-get install python3-torch libopenblas0-openmp bible-kjv
 """
 import math
@@ -49,7 +50,7 @@ def _load_prose_module():
 # corpus, tokenizer, RoPE and the independent numpy loader
 prose = _load_prose_module()
 
-RANDOM_STATE = 4321
+RANDOM_STATE = int(os.environ.get("TRAIN_SEED", "4321"))
 THREADS = int(os.environ.get("TRAIN_THREADS", "2"))
 torch.set_num_threads(THREADS)
 
@@ -559,6 +560,7 @@ def export(model, path):
 
 NEEDLE_LENGTHS = (1024, 2048)
 NEEDLE_PER_CELL = 10
+NEEDLE_STATE = 77                # the committed cases do not depend on the training seed
 
 
 def needle_files(corpus):
@@ -583,7 +585,7 @@ def needle_files(corpus):
 def file_cases(corpus, T, kind):
     """The committed needle cases of one kind and context length: prompts of
     T - 8 tokens at most, so that the answer fits in T."""
-    rng = np.random.default_rng([RANDOM_STATE, T, 1 if kind == "single" else 2])
+    rng = np.random.default_rng([NEEDLE_STATE, T, 1 if kind == "single" else 2])
     out = []
     for d in DEPTHS:
         for _ in range(NEEDLE_PER_CELL):
@@ -654,6 +656,44 @@ def evaluate(corpus, model):
         for kind in ("single", "multi"):
             cases = [c[:4] for c in file_cases(corpus, T, kind)]
             log("needle %s T=%d: %s" % (kind, T, summary(retrieval_accuracy(model, corpus, cases))))
+
+
+# ---------------------------------------------------------------- resume check
+def check_resume():
+    """Train a tiny model of the same code twice, once stopped inside phase 1
+    and resumed from its checkpoint: the weights must be equal bit for bit."""
+    import shutil
+    import tempfile
+    global DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE, HIDDEN, PHASES, COPY_MAX_STEPS
+    global COPY_CHECK_EVERY, EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES, STATE_DIR, CKPT
+    DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HIDDEN = 64, 2, 2, 1, 64
+    HEAD_SIZE = DIM // N_HEADS
+    PHASES = [(None, 32, 4, 1.0, 0.0, 0.0), (6, 64, 2, 0.3, 0.5, 0.0), (6, 128, 2, 0.1, 0.3, 0.4)]
+    COPY_MAX_STEPS, COPY_CHECK_EVERY, EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES = 10, 5, 1000, 4, 3, 0
+    save = save_ckpt
+    final = []
+    for stop_at in (None, 13):
+        STATE_DIR = tempfile.mkdtemp()
+        CKPT = os.path.join(STATE_DIR, "ckpt.pt")
+
+        def stopping_save(model, opt, step, *rest):
+            save(model, opt, step, *rest)
+            if step == stop_at:
+                raise KeyboardInterrupt
+        globals()["save_ckpt"] = stopping_save
+        try:
+            train()
+        except KeyboardInterrupt:
+            log("stopped at step %d; resuming" % stop_at)
+            train()
+        final.append(torch.load(CKPT))
+        shutil.rmtree(STATE_DIR)
+    globals()["save_ckpt"] = save
+    a, b = final
+    same = a["step"] == b["step"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    log("resume check: %s (%d steps, phase 0 ended at step %d)"
+        % ("bit-identical" if same else "DIFFERENT", a["step"], a["gate"]))
+    return same
 
 
 # ---------------------------------------------------------------- main
@@ -736,5 +776,7 @@ if __name__ == "__main__":
             write_ref_logits(corpus, os.path.join(HERE, "model.bin"))
             needle_files(corpus)
         evaluate(corpus, model)
+    elif "--check-resume" in sys.argv:
+        sys.exit(0 if check_resume() else 1)
     else:
         train(probe="--probe" in sys.argv)
