@@ -25,8 +25,10 @@
 # (b) docs/API.md covers kvattn.h: every public name of the header (KVA_API
 #     functions, kva_* types, KVA_* / KVATTN_* enum constants and macros
 #     without a double underscore, and the fields of every public struct)
-#     must appear in docs/API.md as a word; and every kva_* / KVA_* /
-#     KVATTN_* name that docs/API.md mentions must exist in kvattn.h.
+#     must appear in docs/API.md as a word; its "API at a glance" block must
+#     declare every public struct with every field and name every enum
+#     constant; and every kva_* / KVA_* / KVATTN_* name that docs/API.md
+#     mentions must exist in kvattn.h.
 # (c) The examples of docs/API.md and README.md run: every ```c block whose
 #     first line is #include "kvattn.h" is a whole program; each is built
 #     with $CC (cc) -std=c99 -pedantic -Wall -Wextra -Werror and with $CXX
@@ -216,6 +218,43 @@ else
             missing=$((missing + 1))
         fi
     done
+    # the "API at a glance" block declares every public struct with all of its
+    # fields, and every enum constant, so that it is the whole API on one page
+    glance=$(awk '/^## API at a glance/ { on = 1 } on && /^```c$/ { inb = 1; next }
+                  inb && /^```$/ { exit } inb' "$DOC")
+    glance_start=$(grep -n '^## API at a glance' "$DOC" | head -n 1 | cut -d: -f1)
+    declare -A glance_struct=()
+    while IFS=$'\t' read -r sname sbody; do
+        glance_struct[$sname]=$sbody
+    done < <(awk '
+        /typedef struct/ { inside = 1; body = "" }
+        inside { body = body " " $0 }
+        inside && /\} *kva_[a-z0-9_]+;/ {
+            inside = 0; name = $0; sub(/^.*\} */, "", name); sub(/;.*/, "", name)
+            print name "\t" body
+        }' <<<"$glance")
+    n_glance=0
+    for entry in "${names[@]}"; do
+        kind=${entry% *}
+        w=${entry##* }
+        case $kind in
+            field)
+                sname=${w%%.*}
+                if [ -z "${glance_struct[$sname]+x}" ]; then
+                    say "$DOC:$glance_start: API at a glance: no declaration of struct $sname (public in $HEADER)"
+                    glance_struct[$sname]=" " # say it once
+                elif ! grep -qw -- "${w##*.}" <<<"${glance_struct[$sname]}"; then
+                    say "$DOC:$glance_start: API at a glance: $sname lacks the field ${w##*.} (public in $HEADER)"
+                fi
+                n_glance=$((n_glance + 1)) ;;
+        esac
+    done
+    while IFS= read -r w; do
+        n_glance=$((n_glance + 1))
+        grep -qw -- "$w" <<<"$glance" || say "$DOC:$glance_start: API at a glance: no enum constant $w (public in $HEADER)"
+    done < <(awk '/^typedef enum/ { inside = 1 } inside { print } inside && /\}/ { inside = 0 }' <<<"$code" |
+        grep -oE '\bKVA_[A-Z0-9_]+\b' | grep -v '__' | sort -u)
+    echo "check_repo: $DOC: API at a glance: $n_glance struct fields and enum constants checked"
     # the other way: names the document uses must exist
     stale=0
     while IFS= read -r w; do
