@@ -31,8 +31,12 @@
 #     mentions must exist in kvattn.h.
 # (c) The examples of docs/API.md and README.md run: every ```c block whose
 #     first line is #include "kvattn.h" is a whole program; each is built
-#     with $CC (cc) -std=c99 -pedantic -Wall -Wextra -Werror and with $CXX
-#     (c++) as C++11, and must exit 0.
+#     with $CC (cc) -std=c99 -O2 -pedantic -Wall -Wextra -Werror and with
+#     $CXX (c++) as C++11, and must exit 0.  Every other ```c block compiles
+#     after #include "kvattn.h" under the same warnings: declarations quoted
+#     from the header must agree with it (check_declaration_blocks says how),
+#     and a block whose first line is a "statements" comment compiles as a
+#     function body.
 #
 # Prints every finding as FILE:LINE: what: the text, then a summary line;
 # CHECK_REPO_LIST=1 also prints every public name of kvattn.h it looks for.
@@ -267,6 +271,61 @@ else
 fi
 
 # ------------------------------- (c) the examples of docs/API.md and README.md run
+
+# check_declaration_blocks DOC: every other ```c block (declarations quoted from
+# kvattn.h, or statements) compiles after #include "kvattn.h" with
+# -Wall -Wextra -Werror: a prototype that differs from the header's is a
+# conflicting-types error, a #define a redefinition; a typedef the block
+# declares is compiled under another name (kva_x_doc_, its enum constants
+# KVA_Y_doc_) and must have the header's size and constant values.  A block
+# of statements (no declaration at file scope) is compiled as the body of a
+# function whose parameters are the names it uses from the example before it.
+check_declaration_blocks() {
+    local doc=$1 n=0 i start src types consts t k
+    while IFS=: read -r i start; do
+        n=$((n + 1))
+        src=$work/decl_$i.c
+        types=$(grep -oE '\} *kva_[a-z0-9_]+;' "$work/decl_$i.txt" | grep -oE 'kva_[a-z0-9_]+')
+        consts=$(awk '/typedef enum/ { on = 1 } on { print } on && /\}/ { on = 0 }' "$work/decl_$i.txt" |
+            grep -oE '\bKVA_[A-Z0-9_]+\b' | sort -u)
+        {
+            echo '#include "kvattn.h"'
+            if head -n 1 "$work/decl_$i.txt" | grep -q '^/\* statements'; then
+                echo 'void kvadoc_fragment(kva_cache *c, kva_attn a, int *seqs, int *n_new, int n_seqs,'
+                echo '                     float *q_all, float *out_all);'
+                echo 'void kvadoc_fragment(kva_cache *c, kva_attn a, int *seqs, int *n_new, int n_seqs,'
+                echo '                     float *q_all, float *out_all) {'
+                cat "$work/decl_$i.txt"
+                echo '}'
+            else
+                # the names the block defines get another name: a typedef's at "} kva_x;", the constants
+                # inside a typedef enum (uses elsewhere keep the header's names)
+                sed -E -e '/typedef enum/,/\}/ s/\b(KVA_[A-Z0-9_]+)\b/\1_doc_/g; s/\} *(kva_[a-z0-9_]+);/} \1_doc_;/g' \
+                    -e 's/^typedef struct (kva_[a-z0-9_]+) +(kva_[a-z0-9_]+);/typedef struct \1 \2_doc_;/' \
+                    "$work/decl_$i.txt"
+                for t in $types; do
+                    echo "typedef char ${t}_doc_size[sizeof(${t}_doc_) == sizeof($t) ? 1 : -1];"
+                done
+                for k in $consts; do
+                    echo "typedef char ${k}_doc_value[(long)${k}_doc_ == (long)$k ? 1 : -1];"
+                done
+            fi
+        } >"$src"
+        if ! "$cc" -std=c99 -pedantic -Wall -Wextra -Werror -Wno-unused-local-typedefs -I. -c "$src" \
+            -o "$work/decl_$i.o" >"$work/log" 2>&1; then
+            say "$doc:$start: the declarations starting here do not compile after kvattn.h (or differ from it):"
+            sed 's/^/    /' "$work/log" | head -n 20
+        fi
+    done < <(awk -v dir="$work" '
+        /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
+        inb && /^```$/ {
+            inb = 0
+            if (keep) { n++; f = dir "/decl_" n ".txt"; printf "%s", buf > f; close(f); print n ":" start }
+            keep = 0; next
+        }
+        inb { if (first) { keep = ($0 != "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$doc")
+    echo "check_repo: $doc: $n block(s) of declarations or statements compiled after kvattn.h ($cc)"
+}
 # Each whole-program example is built as C99 with $CC and as C++11 with $CXX
 # (C++ accepts C's `= {0}` but -Wextra calls it missing initializers: C++
 # code writes `= {}`, so that one warning is off for the C++ build).
@@ -289,7 +348,8 @@ if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
                 src=$work/example_$i.c
                 for lang in c c++; do
                     if [ "$lang" = c ]; then
-                        build=("$cc" -std=c99 -pedantic -Wall -Wextra -Werror)
+                        # -O2: the flow warnings (a variable maybe used uninitialized)
+                        build=("$cc" -std=c99 -O2 -pedantic -Wall -Wextra -Werror)
                     else
                         build=("$cxx" -x c++ -std=c++11 -pedantic -Wall -Wextra -Wno-missing-field-initializers -Werror)
                     fi
@@ -310,6 +370,7 @@ if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
                 }
                 inb { if (first) { keep = ($0 == "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$doc")
             echo "check_repo: $doc: $n_ex example(s) built as C ($cc) and C++ ($cxx) and run"
+            check_declaration_blocks "$doc"
         done
     fi
 fi
