@@ -1,10 +1,15 @@
 # kvattn - single-header C99 library.  Nothing to build for users: copy
 # kvattn.h (or `make install`).  This Makefile drives tests and tools.
 #
-#   make test        the build/test matrix (tests/run_matrix.sh); ends with
-#                    "N passed, N failed", exits non-zero if a step failed.
-#                    MATRIX_STEPS='native asan*' runs only matching steps,
-#                    JOBS=1 runs one step at a time.
+#   make test        the quick default of the build/test matrix
+#                    (tests/run_matrix.sh): the suite natively, with the
+#                    scalar kernels forced, under ASan+UBSan at the quick
+#                    sizes, and the repository check; a few minutes
+#   make test-all    the whole matrix (what .ci/run runs)
+#                    Both print a line per step as it ends, end with
+#                    "N passed, N failed" and exit non-zero if a step failed.
+#                    MATRIX_STEPS='native asan*' runs only the matching steps
+#                    (of the whole matrix), JOBS=1 one step at a time.
 #   make bench       build/kvattn_bench from bench/*.c, run with BENCH_ARGS
 #   make plot        bench --csv into $(BENCH_CSV), then gnuplot bench/plot.gp
 #   make examples    every examples/*.c into build/examples/
@@ -54,10 +59,12 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 EXAMPLE_BINS := $(EXAMPLE_SRCS:examples/%.c=$(BUILD)/examples/%)
 FUZZ_SRCS    := $(wildcard tests/fuzz_*.c)
 
-.PHONY: test bench plot examples fuzz install uninstall clean
+.PHONY: test test-all bench plot examples fuzz install uninstall clean
 
-test:
-	@CC='$(CC)' CXX='$(CXX)' CLANG='$(CLANG)' AARCH64_CC='$(AARCH64_CC)' \
+MATRIX_TIER := quick
+test-all: MATRIX_TIER := full
+test test-all:
+	@MATRIX_TIER='$(MATRIX_TIER)' CC='$(CC)' CXX='$(CXX)' CLANG='$(CLANG)' AARCH64_CC='$(AARCH64_CC)' \
 	  QEMU_AARCH64='$(QEMU_AARCH64)' BUILD='$(BUILD)' JOBS='$(JOBS)' \
 	  RUN_TIMEOUT='$(RUN_TIMEOUT)' MATRIX_STEPS='$(MATRIX_STEPS)' \
 	  EXAMPLE_CFLAGS='$(EXAMPLE_CFLAGS)' \
