@@ -558,9 +558,14 @@ s_bench_smoke() {
     x "$CC" -std=c99 -O2 -march=native -fopenmp -Wall -Wextra -Werror -pedantic -I. bench/*.c \
         -o "$BUILD/bench/kvattn_bench" -lm || return 1
     show "$BUILD/bench/kvattn_bench" --quick
-    out=$("$BUILD/bench/kvattn_bench" --quick 2>&1) || { echo "$out" | tail -20; return 1; }
+    out=$("$BUILD/bench/kvattn_bench" --quick 2>"$BUILD/bench/quick.err") ||
+        { echo "$out" | tail -20; tail -5 "$BUILD/bench/quick.err"; return 1; }
     echo "$out" | tail -5
     grep -q 'all checks passed' <<<"$out" || { echo "*** no 'all checks passed' line"; return 1; }
+    # the summary (what make bench prints) fits one screen: 80 lines of 100 columns
+    awk '{ if (length($0) > w) w = length($0) } END { print NR " lines, widest " w " columns";
+                                                     exit !(NR <= 80 && w <= 100) }' <<<"$out" ||
+        { echo "*** the summary does not fit 80 lines of 100 columns (--full is for the rest)"; return 1; }
     x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null || return 1
     # layer groups: the hybrid cache's decode equals the masked full cache's bit for bit
     out=$("$BUILD/bench/kvattn_bench" paged --parts hybrid --quick --quiet 2>&1) || { echo "$out" | tail -20; return 1; }
