@@ -272,6 +272,20 @@ fi
 
 # ------------------------------- (c) the examples of docs/API.md and README.md run
 
+# c_blocks DOC PREFIX SUFFIX WHOLE: writes DOC's ```c blocks that are whole
+# programs (WHOLE 1: the first line is #include "kvattn.h") or the others
+# (WHOLE 0) to $work/PREFIX<n>SUFFIX; prints "n:first line" for each
+c_blocks() {
+    awk -v dir="$work" -v prefix="$2" -v suffix="$3" -v whole="$4" '
+        /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
+        inb && /^```$/ {
+            inb = 0
+            if (keep) { n++; f = dir "/" prefix n suffix; printf "%s", buf > f; close(f); print n ":" start }
+            keep = 0; next
+        }
+        inb { if (first) { keep = (($0 == "#include \"kvattn.h\"") == (whole == 1)); first = 0 } buf = buf $0 "\n" }' "$1"
+}
+
 # check_declaration_blocks DOC: every other ```c block (declarations quoted from
 # kvattn.h, or statements) compiles after #include "kvattn.h" with
 # -Wall -Wextra -Werror: a prototype that differs from the header's is a
@@ -316,14 +330,7 @@ check_declaration_blocks() {
             say "$doc:$start: the declarations starting here do not compile after kvattn.h (or differ from it):"
             sed 's/^/    /' "$work/log" | head -n 20
         fi
-    done < <(awk -v dir="$work" '
-        /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
-        inb && /^```$/ {
-            inb = 0
-            if (keep) { n++; f = dir "/decl_" n ".txt"; printf "%s", buf > f; close(f); print n ":" start }
-            keep = 0; next
-        }
-        inb { if (first) { keep = ($0 != "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$doc")
+    done < <(c_blocks "$doc" decl_ .txt 0)
     echo "check_repo: $doc: $n block(s) of declarations or statements compiled after kvattn.h ($cc)"
 }
 # Each whole-program example is built as C99 with $CC and as C++11 with $CXX
@@ -361,14 +368,7 @@ if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
                         sed 's/^/    /' "$work/log" | head -n 20
                     fi
                 done
-            done < <(awk -v dir="$work" '
-                /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
-                inb && /^```$/ {
-                    inb = 0
-                    if (keep) { n++; f = dir "/example_" n ".c"; printf "%s", buf > f; close(f); print n ":" start }
-                    keep = 0; next
-                }
-                inb { if (first) { keep = ($0 == "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$doc")
+            done < <(c_blocks "$doc" example_ .c 1)
             echo "check_repo: $doc: $n_ex example(s) built as C ($cc) and C++ ($cxx) and run"
             check_declaration_blocks "$doc"
         done
