@@ -11,7 +11,9 @@
 #                    MATRIX_STEPS='native asan*' runs only the matching steps
 #                    (of the whole matrix), JOBS=1 one step at a time.
 #   make bench       build/kvattn_bench from bench/*.c, run with BENCH_ARGS
-#   make plot        bench --csv into $(BENCH_CSV), then gnuplot bench/plot.gp
+#   make plot        kvattn_bench plot-data (memory and decode against context) into
+#                    $(BENCH_CSV), then gnuplot bench/plot.gp; BENCH_ARGS=--sweep
+#                    decodes to 128K tokens, cold and warm
 #   make examples    every examples/*.c into build/examples/
 #   make fuzz        every tests/fuzz_*.c with libFuzzer for FUZZ_SECONDS each
 #   make install     kvattn.h into $(DESTDIR)$(INCLUDEDIR), kvattn.pc into
@@ -97,7 +99,7 @@ bench:
 
 # bench/plot.gp gets the CSV path as `datafile` and the output folder as `outdir`.
 plot: $(BUILD)/kvattn_bench
-	$(BUILD_RUN)/kvattn_bench --csv $(BENCH_ARGS) > $(BENCH_CSV).tmp
+	$(BUILD_RUN)/kvattn_bench plot-data $(BENCH_ARGS) > $(BENCH_CSV).tmp
 	@mv $(BENCH_CSV).tmp $(BENCH_CSV)
 	@echo "wrote $(BENCH_CSV)"
 	@if [ ! -f bench/plot.gp ]; then \
