@@ -835,18 +835,17 @@ skip() {
 TIMES_FILE=$BUILD/matrix-times-$MATRIX_TIER
 typical() {
     case $MATRIX_TIER:$1 in
-        quick:asan-ubsan) echo 150 ;;
-        *:asan-ubsan) echo 420 ;;
-        *:asan-ubsan-native) echo 240 ;;
-        *:model-asan) echo 150 ;;
-        *:native | *:scalar | *:avx2 | *:avx512 | *:cxx) echo 120 ;;
-        *:neon) echo 200 ;;
-        *:warnings-*) echo 90 ;;
-        *:aarch64-scalar) echo 90 ;;
-        *:consumer-cmake-*) echo 40 ;;
-        *:bench-smoke | *:model | *:readme-commands) echo 60 ;;
-        *:fuzz-*) echo 35 ;;
-        *:threads-tsan | *:threads-neon) echo 30 ;;
+        quick:asan-ubsan) echo 140 ;;
+        *:asan-ubsan) echo 200 ;;
+        *:asan-ubsan-native) echo 220 ;;
+        *:native | *:neon | *:cxx) echo 175 ;;
+        *:scalar) echo 150 ;;
+        *:avx2 | *:avx512) echo 110 ;;
+        *:warnings-*) echo 60 ;;
+        *:aarch64-scalar) echo 60 ;;
+        *:bench-smoke | *:readme-commands) echo 60 ;;
+        *:consumer-cmake-* | *:fuzz-* | *:model | *:repo-check) echo 35 ;;
+        *:model-asan | *:threads-tsan | *:threads-neon) echo 15 ;;
         *) echo 10 ;;
     esac
 }
