@@ -839,10 +839,9 @@ typical() {
         *:asan-ubsan) echo 200 ;;
         *:asan-ubsan-native) echo 220 ;;
         *:native | *:neon | *:cxx) echo 175 ;;
-        *:scalar) echo 150 ;;
         *:avx2 | *:avx512) echo 110 ;;
-        *:warnings-*) echo 60 ;;
-        *:aarch64-scalar) echo 60 ;;
+        *:scalar | *:aarch64-scalar) echo 75 ;;
+        *:warnings-*) echo 20 ;;
         *:bench-smoke | *:readme-commands) echo 60 ;;
         *:consumer-cmake-* | *:fuzz-* | *:model | *:repo-check) echo 35 ;;
         *:model-asan | *:threads-tsan | *:threads-neon) echo 15 ;;
