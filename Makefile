@@ -1,12 +1,19 @@
 # kvattn - single-header C99 library.  Nothing to build for users: copy
 # kvattn.h (or `make install`).  This Makefile drives tests and tools.
 #
-#   make test        the build/test matrix (tests/run_matrix.sh); ends with
-#                    "N passed, N failed", exits non-zero if a step failed.
-#                    MATRIX_STEPS='native asan*' runs only matching steps,
-#                    JOBS=1 runs one step at a time.
+#   make test        the quick default of the build/test matrix
+#                    (tests/run_matrix.sh): the suite natively, with the
+#                    scalar kernels forced, under ASan+UBSan at the quick
+#                    sizes, and the repository check; a few minutes
+#   make test-all    the whole matrix (what .ci/run runs)
+#                    Both print a line per step as it ends, end with
+#                    "N passed, N failed" and exit non-zero if a step failed.
+#                    MATRIX_STEPS='native asan*' runs only the matching steps
+#                    (of the whole matrix), JOBS=1 one step at a time.
 #   make bench       build/kvattn_bench from bench/*.c, run with BENCH_ARGS
-#   make plot        bench --csv into $(BENCH_CSV), then gnuplot bench/plot.gp
+#   make plot        kvattn_bench plot-data (memory and decode against context) into
+#                    $(BENCH_CSV), then gnuplot bench/plot.gp; BENCH_ARGS=--sweep
+#                    decodes to 128K tokens, cold and warm
 #   make examples    every examples/*.c into build/examples/
 #   make fuzz        every tests/fuzz_*.c with libFuzzer for FUZZ_SECONDS each
 #   make install     kvattn.h into $(DESTDIR)$(INCLUDEDIR), kvattn.pc into
@@ -54,10 +61,12 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 EXAMPLE_BINS := $(EXAMPLE_SRCS:examples/%.c=$(BUILD)/examples/%)
 FUZZ_SRCS    := $(wildcard tests/fuzz_*.c)
 
-.PHONY: test bench plot examples fuzz install uninstall clean
+.PHONY: test test-all bench plot examples fuzz install uninstall clean
 
-test:
-	@CC='$(CC)' CXX='$(CXX)' CLANG='$(CLANG)' AARCH64_CC='$(AARCH64_CC)' \
+MATRIX_TIER := quick
+test-all: MATRIX_TIER := full
+test test-all:
+	@MATRIX_TIER='$(MATRIX_TIER)' CC='$(CC)' CXX='$(CXX)' CLANG='$(CLANG)' AARCH64_CC='$(AARCH64_CC)' \
 	  QEMU_AARCH64='$(QEMU_AARCH64)' BUILD='$(BUILD)' JOBS='$(JOBS)' \
 	  RUN_TIMEOUT='$(RUN_TIMEOUT)' MATRIX_STEPS='$(MATRIX_STEPS)' \
 	  EXAMPLE_CFLAGS='$(EXAMPLE_CFLAGS)' \
@@ -90,7 +99,7 @@ bench:
 
 # bench/plot.gp gets the CSV path as `datafile` and the output folder as `outdir`.
 plot: $(BUILD)/kvattn_bench
-	$(BUILD_RUN)/kvattn_bench --csv $(BENCH_ARGS) > $(BENCH_CSV).tmp
+	$(BUILD_RUN)/kvattn_bench plot-data $(BENCH_ARGS) > $(BENCH_CSV).tmp
 	@mv $(BENCH_CSV).tmp $(BENCH_CSV)
 	@echo "wrote $(BENCH_CSV)"
 	@if [ ! -f bench/plot.gp ]; then \

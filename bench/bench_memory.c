@@ -359,13 +359,21 @@ void memory_summary(const opts *o) {
   static const kva_dtype cols[NCOLS] = {KVA_F16, KVA_INT8, KVA_INT4, KVA_FP8_E4M3};
   /* the display rows use these columns as slots: B/token and GB at ctx of f16, int8, int4, fp8 */
   static const int c_bpt[NCOLS] = {C_BPT, C_BPTL, C_BPEAK, C_BUSED}, c_gb[NCOLS] = {C_BYTESCTX, C_KVBYTES, C_BCACHED, C_BNEED};
-  static const vcol v[] = {{C_MODEL, "model", FM_STR},     {C_VARIANT, "variant", FM_STR},
-                           {C_KVHEADS, "KV heads", FM_INT}, {C_VALUE, "values/layer", FM_SEP},
-                           {C_BPT, "f16 B/token", FM_SEP}, {C_BYTESCTX, "GB", FM_GB},
-                           {C_BPTL, "int8 B/token", FM_SEP}, {C_KVBYTES, "GB", FM_GB},
-                           {C_BPEAK, "int4 B/token", FM_SEP}, {C_BCACHED, "GB", FM_GB},
-                           {C_BUSED, "fp8 B/token", FM_SEP}, {C_BNEED, "GB", FM_GB},
-                           {C_VSMHA, "vs MHA", FM_PCT},    {C_NOTE, "note", FM_STR}};
+  static const vcol v_full[] = {{C_MODEL, "model", FM_STR},     {C_VARIANT, "variant", FM_STR},
+                                {C_KVHEADS, "KV heads", FM_INT}, {C_VALUE, "values/layer", FM_SEP},
+                                {C_BPT, "f16 B/token", FM_SEP}, {C_BYTESCTX, "GB", FM_GB},
+                                {C_BPTL, "int8 B/token", FM_SEP}, {C_KVBYTES, "GB", FM_GB},
+                                {C_BPEAK, "int4 B/token", FM_SEP}, {C_BCACHED, "GB", FM_GB},
+                                {C_BUSED, "fp8 B/token", FM_SEP}, {C_BNEED, "GB", FM_GB},
+                                {C_VSMHA, "vs MHA", FM_PCT},    {C_NOTE, "note", FM_STR}};
+  /* one screen: the bytes per token in f16, the GB of a sequence in each dtype */
+  static const vcol v_screen[] = {{C_MODEL, "model", FM_STR},      {C_VARIANT, "variant", FM_STR},
+                                  {C_KVHEADS, "KV heads", FM_INT}, {C_BPT, "f16 B/token", FM_SEP},
+                                  {C_BYTESCTX, "f16 GB", FM_GB},   {C_KVBYTES, "int8 GB", FM_GB},
+                                  {C_BCACHED, "int4 GB", FM_GB},   {C_BNEED, "fp8 GB", FM_GB},
+                                  {C_VSMHA, "vs MHA", FM_PCT},     {C_NOTE, "note", FM_STR}};
+  /* one screen: a model of each kind (GQA small and large, a sliding window, MLA) */
+  static const char *const screen_models[] = {"Llama-3-8B", "Llama-3-70B", "Mistral-7B", "DeepSeek-V3"};
   rows t = {0}, d = {0};
   int i, k;
   memory_rows(o, &t);
@@ -374,8 +382,11 @@ void memory_summary(const opts *o) {
     for (i = 0; i < t.n; i++) {
       const row *r = &t.r[i];
       row *w;
-      int same_model;
+      int same_model, shown = o->full;
       if (r->num[C_CTX] != (double)o->ctx[0]) continue;
+      for (k = 0; k < (int)(sizeof screen_models / sizeof screen_models[0]); k++)
+        shown |= !strcmp(r->str[C_MODEL], screen_models[k]);
+      if (!shown) continue;
       /* a new display row at the first dtype row of each (model, variant) */
       if (d.n && !strcmp(d.r[d.n - 1].str[C_SECTION], r->str[C_MODEL]) && !strcmp(d.r[d.n - 1].str[C_VARIANT], r->str[C_VARIANT]))
         w = &d.r[d.n - 1];
@@ -401,18 +412,19 @@ void memory_summary(const opts *o) {
       else if (w->kind[C_NOTE] != 2 && r->kind[C_WINDOW] == 1 && r->num[C_CTX] > r->num[C_WINDOW]) {
         char win[32];
         fmt_sep(r->num[C_WINDOW], win, sizeof win);
-        rs(w, C_NOTE, "sliding window: holds %s tokens", win);
+        rs(w, C_NOTE, o->full ? "sliding window: holds %s tokens" : "window %s", win);
       } else if (w->kind[C_NOTE] != 2 && r->kind[C_NOTE] == 2 && strstr(r->str[C_NOTE], "not in the model"))
-        rs(w, C_NOTE, "not in the model");
+        rs(w, C_NOTE, o->full ? "not in the model" : "not in model");
     }
     fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
     snprintf(title, sizeof title,
-             "KV cache per token, all layers (K+V; int8 with its scale per row, int4 with a scale and a minimum per\n"
-             "  32 values), each model's own attention (*) and the variants; GB = one sequence of %s tokens. From\n"
-             "  kva_cache_bytes_per_token, checked on a real cache (kva_cache_get_stats). MLA of a non-MLA model:\n"
-             "  latent 4D + rope D/2. fp8 = E4M3 or E5M2",
-             ctxs);
-    print_table(title, v, NV(v), &d, -1);
+             "KV cache per token, all layers (K+V; int8 with its scale per row, int4 with a scale and a minimum\n"
+             "  per 32 values), each model's own attention (*) and the variants; GB = one sequence of %s\n"
+             "  tokens. From kva_cache_bytes_per_token, checked on a real cache (kva_cache_get_stats). MLA of a\n"
+             "  non-MLA model: latent 4D + rope D/2. fp8 = E4M3 or E5M2%s",
+             ctxs, o->full ? "" : ". --full: every preset, B/token per dtype");
+    if (o->full) print_table(title, v_full, NV(v_full), &d, -1);
+    else print_table(title, v_screen, NV(v_screen), &d, -1);
   }
   emit_rows(&t);
   rows_free(&t);

@@ -226,7 +226,8 @@ void quality_dtypes(const opts *o, const machine *m) {
    outlier-channel keys (the outlier-K pattern), T random queries; per dtype the relative RMS error
    of the output against the same K/V stored as f32 (FP8 scales by vLLM's rule, as in the dtypes
    part). rel[i] < 0: not measured (the error is reported and counted as a failure). */
-void quality_dtype_errors(const opts *o, const kva_dtype *dts, int n_dt, long n, int T, double *rel) {
+void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_scores, const int *rotate, int n_dt,
+                          long n, int T, double *rel) {
   shape s = variant_shape(V_GQA, o->H, o->G, o->D);
   kva_attn a = shape_attn(&s, 1);
   size_t nk = (size_t)n * s.G * s.D, nv = (size_t)n * s.G * s.DV, no = (size_t)s.H * s.DV, i;
@@ -249,13 +250,22 @@ void quality_dtype_errors(const opts *o, const kva_dtype *dts, int n_dt, long n,
     errstat e = {0, 0, 0};
     rel[di] = -1;
     if (st != KVA_OK) continue;
-    progress("accuracy: %s", dtype_str(dts[di]));
+    kva_attn ai = a;
+    progress("accuracy: %s%s%s", dtype_str(dts[di]), int_scores && int_scores[di] ? "+iq" : "",
+             rotate && rotate[di] ? " rot" : "");
     c = NULL;
-    if (build_cache(&s, dts[di], n, 1, 16, 0, kmax / 200.0f, vmax / 100.0f, k, v, &rng, &c, &seq) != KVA_OK) continue;
+    ai.int_scores = int_scores ? int_scores[di] : 0;
+    g_build_rotate = rotate ? rotate[di] : 0;
+    st = build_cache(&s, dts[di], n, 1, 16, 0, kmax / 200.0f, vmax / 100.0f, k, v, &rng, &c, &seq);
+    g_build_rotate = 0;
+    if (st != KVA_OK) {
+      st = KVA_OK; /* this configuration's error stays unknown (-1); the next one may build */
+      continue;
+    }
     for (tr = 0; tr < T; tr++) {
       double tmp[4096];
       size_t off, z;
-      if (kva_attend_cache(c, seq, 0, &a, q + (size_t)tr * s.H * s.D, 1, ox) != KVA_OK) break;
+      if (kva_attend_cache(c, seq, 0, &ai, q + (size_t)tr * s.H * s.D, 1, ox) != KVA_OK) break;
       for (off = 0; off < no; off += 4096) {
         size_t m = no - off < 4096 ? no - off : 4096;
         for (z = 0; z < m; z++) tmp[z] = ref[(size_t)tr * no + off + z];

@@ -797,7 +797,7 @@ void machine_measure(machine *m, const opts *o, const long *thr, int n_thr) {
                             m->r[i].nt, m->r[i].nt > 1 ? "s" : "");
     for (i = 0; i < t.n; i++)
       if (!strcmp(t.r[i].str[C_NAME], "load average (1 min)")) load = t.r[i].num[C_VALUE];
-    text("\nThis machine: read %s; FP32 FMA peak %.0f GFLOP/s (%s, 1 thread)\n", bw, m->r[0].fma[m->isa],
+    text("\nThis machine: read %s;\n  FP32 FMA peak %.0f GFLOP/s (%s, 1 thread)\n", bw, m->r[0].fma[m->isa],
          isa_name[m->isa]);
     if (load > 0.5) text("  WARNING: other processes are running (load average %.2f): timings are unreliable\n", load);
   }

@@ -140,6 +140,7 @@ typedef struct {
 
 enum { OUT_TABLE, OUT_CSV, OUT_JSON };
 extern int g_fmt, g_quiet, g_failed; /* output format, --quiet, a check failed (exit status 1) */
+extern int g_goals, g_goals_met;     /* the summary's speed goals: reported, never failed */
 extern FILE *g_out;
 
 row *rows_add(rows *t, const char *section);
@@ -188,7 +189,7 @@ const model *preset(const char *name); /* NULL if there is no such preset */
 
 typedef struct {
   const char *cmd;
-  int quick, reps, reps_set;
+  int quick, full, reps, reps_set; /* full: the summary's every table and column (default: one screen) */
   long ctx[MAXL];
   int n_ctx, ctx_set, threads_set, dtypes_set, variants_set, parts_set, sweep;
   int batch_seqs, batch_lo, batch_hi, batch_seqs_set, batch_lens_set;
@@ -375,7 +376,8 @@ void rows_sort_series(rows *t);
 /* bench_mla.c */
 void cmd_mla(int quick);
 /* bench_quality.c */
-void quality_dtype_errors(const opts *o, const kva_dtype *dts, int n_dt, long n, int T, double *rel);
+void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_scores, const int *rotate, int n_dt,
+                          long n, int T, double *rel);
 /* bench_summary.c */
 void summary_speed(const opts *o, const machine *m);
 

@@ -33,6 +33,24 @@
    The source files are listed in harness.h, with how to add a part. */
 #include "harness.h"
 
+/* The CPU's name (Linux: /proc/cpuinfo's "model name"), so that every run's figures say where they
+   were measured */
+static void cpu_name(char *buf, size_t n) {
+  char line[512];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  snprintf(buf, n, "CPU unknown");
+  if (!f) return;
+  while (fgets(line, sizeof line, f)) {
+    char *colon = strchr(line, ':');
+    if (strncmp(line, "model name", 10) != 0 || !colon) continue;
+    colon += 1 + (colon[1] == ' ');
+    colon[strcspn(colon, "\n")] = '\0';
+    snprintf(buf, n, "%s", colon);
+    break;
+  }
+  fclose(f);
+}
+
 int main(int argc, char **argv) {
   opts o;
   set_flags sf;
@@ -41,7 +59,7 @@ int main(int argc, char **argv) {
   int rc, need_machine;
   const char *cmd;
   FILE *outf = NULL;
-  char path[1024];
+  char path[1024], cpu[256];
   g_out = stdout;
   if ((rc = parse_args(argc, argv, &o, &sf)) != 0) return rc;
   cmd = o.cmd;
@@ -67,13 +85,14 @@ int main(int argc, char **argv) {
                    "\"simd\": \"%s\", \"subcommand\": \"%s\", \"rows\": [",
             BENCH_VERSION, KVATTN_VERSION_STRING, kva_simd_name(), cmd);
   }
+  cpu_name(cpu, sizeof cpu);
   if (!strcmp(cmd, "summary"))
     text("kvattn_bench: attention variants compared by memory per token, speed and accuracy\n"
-         "(kvattn %s, kernels %s, %d OpenMP thread(s); kvattn_bench --help for every subcommand)\n",
-         KVATTN_VERSION_STRING, kva_simd_name(), max_threads());
+         "(kvattn %s, kernels %s, %d OpenMP thread(s), %s; --full: every table; --help)\n",
+         KVATTN_VERSION_STRING, kva_simd_name(), max_threads(), cpu);
   else
-    text("kvattn_bench %s: kvattn %s, kernels %s, %d OpenMP thread(s)\n", cmd, KVATTN_VERSION_STRING, kva_simd_name(),
-         max_threads());
+    text("kvattn_bench %s: kvattn %s, kernels %s, %d OpenMP thread(s), %s\n", cmd, KVATTN_VERSION_STRING,
+         kva_simd_name(), max_threads(), cpu);
 
   need_machine = strcmp(cmd, "memory") != 0 && strcmp(cmd, "quality") != 0 && strcmp(cmd, "mla") != 0 &&
                  (strcmp(cmd, "paged") != 0 || (o.parts & PART_ATTN));
@@ -123,7 +142,11 @@ int main(int argc, char **argv) {
   }
 
   if (g_fmt == OUT_JSON) fprintf(g_out, "\n]}\n");
-  text("\n%s\n", g_failed ? "SOME CHECKS FAILED (see FAIL / ERROR / MISMATCH above)" : "all checks passed");
+  if (g_goals)
+    text("\nspeed goals: %d of %d met on this machine (goals to aim at, not checks: a missed one fails nothing)",
+         g_goals_met, g_goals);
+  text("\n%s\n", g_failed ? "SOME CHECKS FAILED (see FAIL / ERROR / MISMATCH above)"
+                          : "all checks passed (correctness: sizes, results against references)");
   if (outf) {
     fclose(outf);
     fprintf(stderr, "wrote %s\n", path);

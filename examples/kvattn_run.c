@@ -29,6 +29,7 @@ typedef struct {
   float temperature, topp;
   unsigned long long seed;
   int steps;
+  int steps_given; /* -n was on the command line */
   kva_dtype dtypes[MAX_CONFIGS];
   int n_dtypes;
   kva_dtype k_dtype, v_dtype; /* DEFAULT: not given */
@@ -63,11 +64,12 @@ static void usage(FILE *f) {
           "  -p P          top-p (nucleus) sampling in (0,1); other values sample the whole\n"
           "                distribution (default 0.9)\n"
           "  -s N          random seed (default: the time)\n"
-          "  -n N          steps: positions including the prompt (default 256; 0 or > seq_len = seq_len)\n"
+          "  -n N          steps: positions including the prompt, 0.. (default 256; 0 = seq_len; more than\n"
+          "                seq_len runs seq_len, with a note)\n"
           "  -i TEXT       prompt\n"
           "  -z FILE       tokenizer (default tokenizer.bin)\n"
           "  -m MODE       generate (default) or chat (Llama-2 [INST] template, reads turns on stdin)\n"
-          "  -y TEXT       system prompt (chat; with --serve, text put in front of every prompt line)\n"
+          "  -y TEXT       system prompt (chat; with --serve, text put in front of every prompt line, then a space)\n"
           "KV cache:\n"
           "  --kv-dtype T[,T...]  storage of K and V: f32 (default), f16, bf16, int8 (a scale per token\n"
           "                and head), int4 (a scale and minimum per 32 values), fp8_e4m3, fp8_e5m2.\n"
@@ -279,7 +281,7 @@ static void parse_args(int argc, char **argv, options *o) {
     if (strcmp(f, "-t") == 0) o->temperature = parse_float(f, v);
     else if (strcmp(f, "-p") == 0) o->topp = parse_float(f, v);
     else if (strcmp(f, "-s") == 0) o->seed = (unsigned long long)(long long)parse_int(f, v, INT_MIN, INT_MAX);
-    else if (strcmp(f, "-n") == 0) o->steps = parse_int(f, v, INT_MIN, INT_MAX);
+    else if (strcmp(f, "-n") == 0) o->steps = parse_int(f, v, 0, INT_MAX), o->steps_given = 1;
     else if (strcmp(f, "-i") == 0) o->prompt = v;
     else if (strcmp(f, "-z") == 0) o->tokenizer = v;
     else if (strcmp(f, "-m") == 0) o->mode = v;
@@ -339,7 +341,6 @@ static void parse_args(int argc, char **argv, options *o) {
   /* run's normalisation of the sampling parameters */
   if (o->temperature < 0.0f) o->temperature = 0.0f;
   if (o->topp < 0.0f || o->topp > 1.0f) o->topp = 0.9f;
-  if (o->steps < 0) o->steps = 0;
   if (o->seed == 0) o->seed = (unsigned long long)time(NULL);
   if (strcmp(o->mode, "generate") != 0 && strcmp(o->mode, "chat") != 0)
     die("-m: '%s' is not a mode (generate or chat)", o->mode);
@@ -902,9 +903,15 @@ static void serve(const options *o, config *c, int steps) {
       }
       r = &rq[n_req++];
       memset(r, 0, sizeof *r);
-      text = (char *)malloc(len + (o->system ? strlen(o->system) : 0) + 1);
+      text = (char *)malloc(len + (o->system ? strlen(o->system) : 0) + 2);
       if (!text) die("out of memory");
-      sprintf(text, "%s%s", o->system ? o->system : "", line);
+      /* a space between the system text and the line, unless one of them has it already */
+      sprintf(text, "%s%s%s", o->system ? o->system : "",
+              o->system && o->system[0] && !isspace((unsigned char)o->system[strlen(o->system) - 1]) &&
+                      !isspace((unsigned char)line[0])
+                  ? " "
+                  : "",
+              line);
       r->tok = encode_or_die(&tokenizer, text, 1, &r->n_prompt);
       free(text);
       r->cap = (r->n_prompt > steps ? r->n_prompt : steps) + 2;
@@ -1113,6 +1120,9 @@ int main(int argc, char **argv) {
   if (!llm_model_load(&model, o.checkpoint, err, sizeof err)) die("%s", err);
   n_cfg = build_configs(&o, &model, cfg);
   steps = o.steps == 0 || o.steps > model.c.seq_len ? model.c.seq_len : o.steps;
+  if (o.steps_given && o.steps > model.c.seq_len && !o.ppl && !o.ppl_tokens && !o.logits_tokens)
+    fprintf(stderr, "%s: -n %d is more than the model's %d positions (seq_len): running %d\n", prog, o.steps,
+            model.c.seq_len, steps);
   if (o.ppl || o.ppl_tokens) {
     int n;
     int32_t *tok;

@@ -276,7 +276,7 @@ static inline int llm_model_load(llm_model *m, const char *path, char *err, size
   if (total > (uint64_t)fsize) { /* (also keeps the byte counts below from overflowing) */
     llm__err(err, errn,
              "%s: %lld bytes, but the header (dim %d hidden %d layers %d heads %d kv_heads %d vocab %d seq %d) implies "
-             "%llu weights",
+             "%llu weights, more than a file of that many bytes can hold",
              path, fsize, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
              (unsigned long long)total);
     goto done;
@@ -291,7 +291,7 @@ static inline int llm_model_load(llm_model *m, const char *path, char *err, size
   if ((uint64_t)fsize != expect) {
     llm__err(err, errn,
              "%s: %lld bytes, but the header (dim %d hidden %d layers %d heads %d kv_heads %d vocab %d%s seq %d) "
-             "implies %llu",
+             "implies %llu bytes",
              path, fsize, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
              c->shared_classifier ? "" : " separate classifier", c->seq_len, (unsigned long long)expect);
     goto done;

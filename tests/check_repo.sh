@@ -25,12 +25,18 @@
 # (b) docs/API.md covers kvattn.h: every public name of the header (KVA_API
 #     functions, kva_* types, KVA_* / KVATTN_* enum constants and macros
 #     without a double underscore, and the fields of every public struct)
-#     must appear in docs/API.md as a word; and every kva_* / KVA_* /
-#     KVATTN_* name that docs/API.md mentions must exist in kvattn.h.
+#     must appear in docs/API.md as a word; its "API at a glance" block must
+#     declare every public struct with every field and name every enum
+#     constant; and every kva_* / KVA_* / KVATTN_* name that docs/API.md
+#     mentions must exist in kvattn.h.
 # (c) The examples of docs/API.md and README.md run: every ```c block whose
 #     first line is #include "kvattn.h" is a whole program; each is built
-#     with $CC (cc) -std=c99 -pedantic -Wall -Wextra -Werror and with $CXX
-#     (c++) as C++11, and must exit 0.
+#     with $CC (cc) -std=c99 -O2 -pedantic -Wall -Wextra -Werror and with
+#     $CXX (c++) as C++11, and must exit 0.  Every other ```c block compiles
+#     after #include "kvattn.h" under the same warnings: declarations quoted
+#     from the header must agree with it (check_declaration_blocks says how),
+#     and a block whose first line is a "statements" comment compiles as a
+#     function body.
 #
 # Prints every finding as FILE:LINE: what: the text, then a summary line;
 # CHECK_REPO_LIST=1 also prints every public name of kvattn.h it looks for.
@@ -216,6 +222,43 @@ else
             missing=$((missing + 1))
         fi
     done
+    # the "API at a glance" block declares every public struct with all of its
+    # fields, and every enum constant, so that it is the whole API on one page
+    glance=$(awk '/^## API at a glance/ { on = 1 } on && /^```c$/ { inb = 1; next }
+                  inb && /^```$/ { exit } inb' "$DOC")
+    glance_start=$(grep -n '^## API at a glance' "$DOC" | head -n 1 | cut -d: -f1)
+    declare -A glance_struct=()
+    while IFS=$'\t' read -r sname sbody; do
+        glance_struct[$sname]=$sbody
+    done < <(awk '
+        /typedef struct/ { inside = 1; body = "" }
+        inside { body = body " " $0 }
+        inside && /\} *kva_[a-z0-9_]+;/ {
+            inside = 0; name = $0; sub(/^.*\} */, "", name); sub(/;.*/, "", name)
+            print name "\t" body
+        }' <<<"$glance")
+    n_glance=0
+    for entry in "${names[@]}"; do
+        kind=${entry% *}
+        w=${entry##* }
+        case $kind in
+            field)
+                sname=${w%%.*}
+                if [ -z "${glance_struct[$sname]+x}" ]; then
+                    say "$DOC:$glance_start: API at a glance: no declaration of struct $sname (public in $HEADER)"
+                    glance_struct[$sname]=" " # say it once
+                elif ! grep -qw -- "${w##*.}" <<<"${glance_struct[$sname]}"; then
+                    say "$DOC:$glance_start: API at a glance: $sname lacks the field ${w##*.} (public in $HEADER)"
+                fi
+                n_glance=$((n_glance + 1)) ;;
+        esac
+    done
+    while IFS= read -r w; do
+        n_glance=$((n_glance + 1))
+        grep -qw -- "$w" <<<"$glance" || say "$DOC:$glance_start: API at a glance: no enum constant $w (public in $HEADER)"
+    done < <(awk '/^typedef enum/ { inside = 1 } inside { print } inside && /\}/ { inside = 0 }' <<<"$code" |
+        grep -oE '\bKVA_[A-Z0-9_]+\b' | grep -v '__' | sort -u)
+    echo "check_repo: $DOC: API at a glance: $n_glance struct fields and enum constants checked"
     # the other way: names the document uses must exist
     stale=0
     while IFS= read -r w; do
@@ -228,6 +271,68 @@ else
 fi
 
 # ------------------------------- (c) the examples of docs/API.md and README.md run
+
+# c_blocks DOC PREFIX SUFFIX WHOLE: writes DOC's ```c blocks that are whole
+# programs (WHOLE 1: the first line is #include "kvattn.h") or the others
+# (WHOLE 0) to $work/PREFIX<n>SUFFIX; prints "n:first line" for each
+c_blocks() {
+    awk -v dir="$work" -v prefix="$2" -v suffix="$3" -v whole="$4" '
+        /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
+        inb && /^```$/ {
+            inb = 0
+            if (keep) { n++; f = dir "/" prefix n suffix; printf "%s", buf > f; close(f); print n ":" start }
+            keep = 0; next
+        }
+        inb { if (first) { keep = (($0 == "#include \"kvattn.h\"") == (whole == 1)); first = 0 } buf = buf $0 "\n" }' "$1"
+}
+
+# check_declaration_blocks DOC: every other ```c block (declarations quoted from
+# kvattn.h, or statements) compiles after #include "kvattn.h" with
+# -Wall -Wextra -Werror: a prototype that differs from the header's is a
+# conflicting-types error, a #define a redefinition; a typedef the block
+# declares is compiled under another name (kva_x_doc_, its enum constants
+# KVA_Y_doc_) and must have the header's size and constant values.  A block
+# of statements (no declaration at file scope) is compiled as the body of a
+# function whose parameters are the names it uses from the example before it.
+check_declaration_blocks() {
+    local doc=$1 n=0 i start src types consts t k
+    while IFS=: read -r i start; do
+        n=$((n + 1))
+        src=$work/decl_$i.c
+        types=$(grep -oE '\} *kva_[a-z0-9_]+;' "$work/decl_$i.txt" | grep -oE 'kva_[a-z0-9_]+')
+        consts=$(awk '/typedef enum/ { on = 1 } on { print } on && /\}/ { on = 0 }' "$work/decl_$i.txt" |
+            grep -oE '\bKVA_[A-Z0-9_]+\b' | sort -u)
+        {
+            echo '#include "kvattn.h"'
+            if head -n 1 "$work/decl_$i.txt" | grep -q '^/\* statements'; then
+                echo 'void kvadoc_fragment(kva_cache *c, kva_attn a, int *seqs, int *n_new, int n_seqs,'
+                echo '                     float *q_all, float *out_all);'
+                echo 'void kvadoc_fragment(kva_cache *c, kva_attn a, int *seqs, int *n_new, int n_seqs,'
+                echo '                     float *q_all, float *out_all) {'
+                cat "$work/decl_$i.txt"
+                echo '}'
+            else
+                # the names the block defines get another name: a typedef's at "} kva_x;", the constants
+                # inside a typedef enum (uses elsewhere keep the header's names)
+                sed -E -e '/typedef enum/,/\}/ s/\b(KVA_[A-Z0-9_]+)\b/\1_doc_/g; s/\} *(kva_[a-z0-9_]+);/} \1_doc_;/g' \
+                    -e 's/^typedef struct (kva_[a-z0-9_]+) +(kva_[a-z0-9_]+);/typedef struct \1 \2_doc_;/' \
+                    "$work/decl_$i.txt"
+                for t in $types; do
+                    echo "typedef char ${t}_doc_size[sizeof(${t}_doc_) == sizeof($t) ? 1 : -1];"
+                done
+                for k in $consts; do
+                    echo "typedef char ${k}_doc_value[(long)${k}_doc_ == (long)$k ? 1 : -1];"
+                done
+            fi
+        } >"$src"
+        if ! "$cc" -std=c99 -pedantic -Wall -Wextra -Werror -Wno-unused-local-typedefs -I. -c "$src" \
+            -o "$work/decl_$i.o" >"$work/log" 2>&1; then
+            say "$doc:$start: the declarations starting here do not compile after kvattn.h (or differ from it):"
+            sed 's/^/    /' "$work/log" | head -n 20
+        fi
+    done < <(c_blocks "$doc" decl_ .txt 0)
+    echo "check_repo: $doc: $n block(s) of declarations or statements compiled after kvattn.h ($cc)"
+}
 # Each whole-program example is built as C99 with $CC and as C++11 with $CXX
 # (C++ accepts C's `= {0}` but -Wextra calls it missing initializers: C++
 # code writes `= {}`, so that one warning is off for the C++ build).
@@ -250,7 +355,8 @@ if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
                 src=$work/example_$i.c
                 for lang in c c++; do
                     if [ "$lang" = c ]; then
-                        build=("$cc" -std=c99 -pedantic -Wall -Wextra -Werror)
+                        # -O2: the flow warnings (a variable maybe used uninitialized)
+                        build=("$cc" -std=c99 -O2 -pedantic -Wall -Wextra -Werror)
                     else
                         build=("$cxx" -x c++ -std=c++11 -pedantic -Wall -Wextra -Wno-missing-field-initializers -Werror)
                     fi
@@ -262,15 +368,9 @@ if [ -f "$DOC" ] && [ -f "$HEADER" ]; then
                         sed 's/^/    /' "$work/log" | head -n 20
                     fi
                 done
-            done < <(awk -v dir="$work" '
-                /^```c$/ { inb = 1; first = 1; buf = ""; start = NR + 1; next }
-                inb && /^```$/ {
-                    inb = 0
-                    if (keep) { n++; f = dir "/example_" n ".c"; printf "%s", buf > f; close(f); print n ":" start }
-                    keep = 0; next
-                }
-                inb { if (first) { keep = ($0 == "#include \"kvattn.h\""); first = 0 } buf = buf $0 "\n" }' "$doc")
+            done < <(c_blocks "$doc" example_ .c 1)
             echo "check_repo: $doc: $n_ex example(s) built as C ($cc) and C++ ($cxx) and run"
+            check_declaration_blocks "$doc"
         done
     fi
 fi

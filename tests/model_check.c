@@ -2133,6 +2133,10 @@ static void check_generation(uint64_t seed) {
         rstrip(r.out);
         report(amb >= 0 ? strncmp(r.out, text, strlen(text)) == 0 : strcmp(r.out, text) == 0, name,
                "program \"%s\", reference%s \"%s\"", r.out, amb >= 0 ? " prefix" : "", text);
+        /* more than seq_len is said, not silently cut */
+        if (k == 1)
+          report(strstr(r.err, "-n 1000") && strstr(r.err, "seq_len"), "-n 1000 > seq_len: a note on stderr",
+                 "stderr \"%s\"", first_line(r.err));
       }
       run_free(&r);
     }
@@ -2164,6 +2168,17 @@ static void check_generation(uint64_t seed) {
   serve_check("short prompts, 2 at once, 2 threads", ck, tk, prompts, NP, single, STEPS,
               "--max-batch 2 --threads 2", 0, 0);
   serve_check("shared prefix, block size 4", ck, tk, longp, NL, lsingle, LSTEPS, "--block-size 4", 0, 1);
+  /* -y: the system text, a space, then each line (as -i of the two joined) */
+  {
+    enum { NY = 3 };
+    char *ysingle[NY], joined[200];
+    for (i = 0; i < NY; i++) {
+      snprintf(joined, sizeof joined, "the dog and %s", prompts[i]);
+      ysingle[i] = greedy_single(&m, &v, ck, tk, joined, STEPS, "");
+    }
+    serve_check("system text -y", ck, tk, prompts, NY, ysingle, STEPS, "-y 'the dog and'", 0, 0);
+    for (i = 0; i < NY; i++) free(ysingle[i]);
+  }
   /* 5 requests of up to 44 positions = 11 blocks of 4 each; a pool of 16
      blocks holds one request and part of another: preemption */
   serve_check("shared prefix, 16-block pool (preemption)", ck, tk, longp, NL, lsingle, LSTEPS,
@@ -2383,6 +2398,7 @@ static void check_bad_input(uint64_t seed) {
   expect_error("-t abc", "-t", "'%s' -z '%s' -t abc -i 'the cat'", ck, tk);
   expect_error("-t without a value", "-t", "'%s' -z '%s' -t", ck, tk);
   expect_error("-n abc", "-n", "'%s' -z '%s' -n abc -i 'the cat'", ck, tk);
+  expect_error("-n -5", "-n", "'%s' -z '%s' -n -5 -i 'the cat'", ck, tk);
   expect_error("-p 0.9x", "-p", "'%s' -z '%s' -p 0.9x -i 'the cat'", ck, tk);
   expect_error("-m foo", "-m", "'%s' -z '%s' -m foo -i 'the cat'", ck, tk);
   expect_error("--kv-dtype int3", "int3", "'%s' -z '%s' --kv-dtype int3 --logits-tokens '%s'", ck, tk,

@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# tests/run_matrix.sh - the kvattn build/test matrix (run by `make test`).
+# tests/run_matrix.sh - the kvattn build/test matrix: `make test` runs its
+# quick tier, `make test-all` (and CI) every step.
 #
 # Every step builds (and usually runs) the test program in one configuration.
-# Output: one line per step, in a fixed order,
-#   [PASS] name
-#   [FAIL] name          followed by the last TAIL_LINES lines of its log
+# Output: a line naming the tier and an estimate of the run's time, the
+# skipped steps,
 #   [SKIP] name (why)    tool or CPU feature missing; counted neither way
-# then a line of step times, and last "N passed, N failed".
+# then one line per step the moment it ends, with its time and the progress,
+#   [PASS] name   SECONDSs   DONE/TOTAL done, M:SS elapsed
+#   [FAIL] name   ...        followed by the last TAIL_LINES lines of its log
+# then the total time and last "N passed, N failed".
 # Exit status: 0 if no step failed, else 1.  Full logs: $BUILD/logs/<step>.log
 # (each starts with the exact commands it ran, so a step can be reproduced).
+# Step times are kept in $BUILD/matrix-times-<tier> for the next estimate.
 #
 # Environment (all optional; the Makefile passes its variables through):
 #   CC CXX CLANG AARCH64_CC QEMU_AARCH64   compilers / emulator
 #   BUILD          output directory (build)
-#   JOBS           steps run at once (number of cores); output order is fixed
+#   JOBS           steps run at once (number of cores)
 #   RUN_TIMEOUT    seconds each test run may take (600)
 #   TAIL_LINES     log lines shown for a failed step (30)
-#   MATRIX_STEPS   space-separated glob patterns: run only matching steps,
-#                  e.g. MATRIX_STEPS='native asan*'
+#   MATRIX_TIER    full (every step; the default) or quick (QUICK_STEPS below)
+#   MATRIX_STEPS   space-separated glob patterns: run only the matching steps
+#                  of the whole matrix, e.g. MATRIX_STEPS='native asan*'
 #   EXAMPLE_CFLAGS flags for examples/*.c
 
 # shellcheck disable=SC2317  # the step functions are called through `step`
@@ -39,8 +44,13 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 1)}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 TAIL_LINES=${TAIL_LINES:-30}
 MATRIX_STEPS=${MATRIX_STEPS:-}
+MATRIX_TIER=${MATRIX_TIER:-full}
 EXAMPLE_CFLAGS=${EXAMPLE_CFLAGS:--std=c99 -O2 -march=native -Wall -Wextra}
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || JOBS=1
+case $MATRIX_TIER in
+    quick | full) ;;
+    *) echo "MATRIX_TIER must be quick or full, not '$MATRIX_TIER'"; exit 2 ;;
+esac
 
 B=$BUILD/matrix
 LOGS=$BUILD/logs
@@ -118,6 +128,74 @@ build_tests() {
     need_header && need_tests || return 1
     mkdir -p "$d"
     x "$@" "${INC[@]}" "${TEST_SRCS[@]}" -o "$d/kvattn_test" -lm
+}
+
+# The sanitizer builds compile the library once, not once per test file:
+# kvattn.h's one-copy mode (tests/one_copy_impl.c defines every function,
+# the test files include the header with KVATTN_DECLARATIONS_ONLY), which
+# makes the instrumented kernels cost one compile instead of a dozen.  The
+# test files that define configuration macros before including the header,
+# or call its internal kva__ functions, keep their own copy as usual.
+# Objects go to $B/obj/<hash of the compiler and flags>/ and are shared by
+# the steps that build with the same flags (one builds, the others wait on
+# its lock and reuse the object).
+OWN_COPY_SRCS=(tests/test_attend.c tests/test_batch.c tests/test_paged.c tests/test_paged_weak.c
+               tests/test_iscores.c tests/test_kernels.c tests/test_rotate.c tests/test_seqio.c)
+own_copy() {
+    local s
+    for s in "${OWN_COPY_SRCS[@]}"; do [ "$s" = "$1" ] && return 0; done
+    return 1
+}
+
+# shared_obj OUT_VAR SRC COMPILER FLAGS...: compile SRC once per flag set; OUT_VAR gets the object
+shared_obj() {
+    local -n so_out=$1
+    local so_src=$2 so_dir so_obj
+    shift 2
+    so_dir=$B/obj/$(printf '%s\n' "$@" | md5sum | cut -c1-12)
+    so_obj=$so_dir/$(basename "$so_src" .c).o
+    mkdir -p "$so_dir" || return 1
+    (
+        flock 8 2>/dev/null || true
+        if [ -f "$so_obj" ]; then
+            echo "(shared object $so_obj: built by another step with these flags)"
+        else
+            x "$@" -c "$so_src" -o "$so_obj.tmp" && mv "$so_obj.tmp" "$so_obj"
+        fi
+    ) 8>"$so_obj.lock" || return 1
+    so_out=$so_obj
+}
+
+# build_tests_one_copy DIR COMPILER FLAGS... [-- SOURCES...]: the test
+# program (every test source, or SOURCES) in one-copy mode -> DIR/kvattn_test;
+# tests/test_main.c (which picks the sections) also gets MAIN_DEFS
+MAIN_DEFS=()
+build_tests_one_copy() {
+    local d=$B/$1 cc=() srcs=() objs=() src obj
+    shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do cc+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    srcs=("$@")
+    [ ${#srcs[@]} -eq 0 ] && srcs=("${TEST_SRCS[@]}")
+    need_header && need_tests || return 1
+    mkdir -p "$d"
+    shared_obj obj tests/one_copy_impl.c "${cc[@]}" "${INC[@]}" || return 1
+    objs+=("$obj")
+    for src in "${srcs[@]}"; do
+        if own_copy "$src"; then
+            shared_obj obj "$src" "${cc[@]}" "${INC[@]}" || return 1
+        elif grep -qE '^#define KVATTN_[A-Z_]+[ (]|kva__' "$src"; then
+            # compiled without the implementation it would not test what it says
+            echo "*** $src configures kvattn.h or calls its internals: add it to OWN_COPY_SRCS"
+            return 1
+        elif [ "$src" = tests/test_main.c ]; then
+            shared_obj obj "$src" "${cc[@]}" "${MAIN_DEFS[@]}" -DKVATTN_DECLARATIONS_ONLY "${INC[@]}" || return 1
+        else
+            shared_obj obj "$src" "${cc[@]}" -DKVATTN_DECLARATIONS_ONLY "${INC[@]}" || return 1
+        fi
+        objs+=("$obj")
+    done
+    x "${cc[@]}" "${objs[@]}" -o "$d/kvattn_test" -lm
 }
 
 # --------------------------------------------------- generated header TU
@@ -214,10 +292,13 @@ SAN=(-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 SAN_ENV=(ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 
-# baseline x86-64 (or whatever the compiler defaults to): the portable path
+# baseline x86-64 (or whatever the compiler defaults to): the portable path,
+# every section; the quick tier runs them at the quick sizes
 s_asan_ubsan() {
-    build_tests asan-ubsan "$CC" -std=c99 "${SAN[@]}" &&
-        run env "${SAN_ENV[@]}" "$B/asan-ubsan/kvattn_test"
+    local quick=()
+    [ "$MATRIX_TIER" = quick ] && quick=(KVA_TEST_QUICK=1)
+    build_tests_one_copy asan-ubsan "$CC" -std=c99 "${SAN[@]}" &&
+        run env "${SAN_ENV[@]}" "${quick[@]}" "$B/asan-ubsan/kvattn_test"
 }
 
 # the SIMD path the host can run, where out-of-bounds vector loads would be
@@ -231,8 +312,8 @@ s_asan_ubsan_native() {
     local d=$B/asan-ubsan-native
     need_header && need_tests || return 1
     mkdir -p "$d"
-    x "$CC" -std=c99 -march=native "${SAN[@]}" -DKT_VECTOR_SECTIONS "${INC[@]}" "${VECTOR_SRCS[@]}" \
-        -o "$d/kvattn_test" -lm &&
+    MAIN_DEFS=(-DKT_VECTOR_SECTIONS)
+    build_tests_one_copy asan-ubsan-native "$CC" -std=c99 -march=native "${SAN[@]}" -- "${VECTOR_SRCS[@]}" &&
         run env "${SAN_ENV[@]}" KVA_TEST_QUICK=1 "$d/kvattn_test"
 }
 
@@ -486,9 +567,14 @@ s_bench_smoke() {
     x "$CC" -std=c99 -O2 -march=native -fopenmp -Wall -Wextra -Werror -pedantic -I. bench/*.c \
         -o "$BUILD/bench/kvattn_bench" -lm || return 1
     show "$BUILD/bench/kvattn_bench" --quick
-    out=$("$BUILD/bench/kvattn_bench" --quick 2>&1) || { echo "$out" | tail -20; return 1; }
+    out=$("$BUILD/bench/kvattn_bench" --quick 2>"$BUILD/bench/quick.err") ||
+        { echo "$out" | tail -20; tail -5 "$BUILD/bench/quick.err"; return 1; }
     echo "$out" | tail -5
     grep -q 'all checks passed' <<<"$out" || { echo "*** no 'all checks passed' line"; return 1; }
+    # the summary (what make bench prints) fits one screen: 80 lines of 100 columns
+    awk '{ if (length($0) > w) w = length($0) } END { print NR " lines, widest " w " columns";
+                                                     exit !(NR <= 80 && w <= 100) }' <<<"$out" ||
+        { echo "*** the summary does not fit 80 lines of 100 columns (--full is for the rest)"; return 1; }
     x "$BUILD/bench/kvattn_bench" memory --quick --csv >/dev/null || return 1
     # layer groups: the hybrid cache's decode equals the masked full cache's bit for bit
     out=$("$BUILD/bench/kvattn_bench" paged --parts hybrid --quick --quiet 2>&1) || { echo "$out" | tail -20; return 1; }
@@ -508,6 +594,13 @@ s_bench_smoke() {
 s_repo_check() {
     need_header || return 1
     x env CC="$CC" CXX="$CXX" bash tests/check_repo.sh
+}
+
+# every command of README.md's sh blocks runs as written from the repository
+# root, in a copy of it (tests/readme_commands.sh says which it leaves to other steps)
+s_readme_commands() {
+    need_header || return 1
+    x bash tests/readme_commands.sh
 }
 
 # ---- consumers: kvattn used from another project, as users get it: installed
@@ -628,7 +721,11 @@ s_model_asan() {
     local d=$B/model-asan
     need_header || return 1
     mkdir -p "$d"
-    x "$CC" -std=c99 "${SAN[@]}" -I. examples/kvattn_run.c -o "$d/kvattn_run" -lm &&
+    local impl run_obj
+    # the library: the asan-ubsan step's object (one-copy mode, shared)
+    shared_obj impl tests/one_copy_impl.c "$CC" -std=c99 "${SAN[@]}" "${INC[@]}" &&
+        shared_obj run_obj examples/kvattn_run.c "$CC" -std=c99 "${SAN[@]}" -DKVATTN_DECLARATIONS_ONLY -I. &&
+        x "$CC" -std=c99 "${SAN[@]}" "$run_obj" "$impl" -o "$d/kvattn_run" -lm &&
         x "$CC" -std=c99 -O2 -Wall -Wextra tests/model_check.c -o "$d/model_check" -lm &&
         run env "${SAN_ENV[@]}" "$d/model_check" --quick "$d/kvattn_run" "$d/scratch"
 }
@@ -678,19 +775,36 @@ s_fuzz() {
 }
 
 # ---------------------------------------------------------------- driver
-# Steps are registered first (ORDER: the order they are reported in), then
-# started heaviest first so that two jobs finish close together; each result
-# is printed as soon as it and every step before it in ORDER are done.
+# Steps are registered first (ORDER), then started longest first (by the
+# estimate below) so that the jobs finish close together; each result is
+# printed the moment its step ends, with its time and how far the run is.
 
 ORDER=()
-declare -A SKIPMSG=() FUNC=() ARG=()
-NEXT=0
+declare -A SKIPMSG=() FUNC=() ARG=() REPORTED=()
 N_PASS=0
 N_FAIL=0
+N_DONE=0
+N_RUN=0
+CPU_TOTAL=0
 TIMES=()
 
+# the quick tier (`make test`): the suite natively and with the scalar
+# kernels forced at full size, and under ASan+UBSan at the quick sizes; the
+# full tier (`make test-all`, CI) is every step
+QUICK_STEPS=(native scalar asan-ubsan repo-check)
+in_tier() {
+    [ "$MATRIX_TIER" = full ] && return 0
+    local q
+    for q in "${QUICK_STEPS[@]}"; do [ "$1" = "$q" ] && return 0; done
+    return 1
+}
+
+# MATRIX_STEPS picks from every step of the matrix, whatever the tier
 selected() {
-    [ -z "$MATRIX_STEPS" ] && return 0
+    if [ -z "$MATRIX_STEPS" ]; then
+        in_tier "$1"
+        return
+    fi
     local p pats
     read -r -a pats <<<"$MATRIX_STEPS"   # no pathname expansion of the patterns
     for p in "${pats[@]}"; do
@@ -715,39 +829,61 @@ skip() {
     SKIPMSG[$1]=$2
 }
 
-# rough cost, to start the long steps first
-weight() {
-    case $1 in
-        asan-ubsan* | model-asan) echo 4 ;;
-        warnings-*) echo 3 ;;
-        cxx | neon | native | avx2 | avx512 | scalar | consumer-cmake-*) echo 2 ;;
-        *) echo 1 ;;
+# CPU seconds a step takes (about its wall time on an otherwise idle
+# machine): those of the last run of this tier in $BUILD (TIMES_FILE) when
+# there are any, else these, measured on a 2-core AMD EPYC (Zen 5) KVM guest.
+TIMES_FILE=$BUILD/matrix-times-$MATRIX_TIER
+typical() {
+    case $MATRIX_TIER:$1 in
+        quick:asan-ubsan) echo 140 ;;
+        *:asan-ubsan) echo 200 ;;
+        *:asan-ubsan-native) echo 220 ;;
+        *:native | *:neon | *:cxx) echo 175 ;;
+        *:avx2 | *:avx512) echo 110 ;;
+        *:scalar | *:aarch64-scalar) echo 75 ;;
+        *:warnings-*) echo 20 ;;
+        *:bench-smoke | *:readme-commands) echo 60 ;;
+        *:consumer-cmake-* | *:fuzz-* | *:model | *:repo-check) echo 35 ;;
+        *:model-asan | *:threads-tsan | *:threads-neon) echo 15 ;;
+        *) echo 10 ;;
     esac
 }
+declare -A EST=()
+if [ -f "$TIMES_FILE" ]; then
+    while read -r name secs; do
+        [[ $secs =~ ^[0-9]+$ ]] && EST[$name]=$secs
+    done <"$TIMES_FILE"
+fi
+estimate() {
+    if [ -n "${EST[$1]+x}" ]; then echo "${EST[$1]}"; else typical "$1"; fi
+}
 
-# print the finished steps at the head of ORDER, in order
-flush() {
-    local name rc secs
-    while [ "$NEXT" -lt "${#ORDER[@]}" ]; do
-        name=${ORDER[$NEXT]}
-        if [ -n "${SKIPMSG[$name]+x}" ]; then
-            echo "[SKIP] $name (${SKIPMSG[$name]})"
-        elif [ -f "$LOGS/$name.rc" ]; then
-            read -r rc secs <"$LOGS/$name.rc"
-            TIMES+=("$name ${secs}s")
-            if [ "$rc" = 0 ]; then
-                echo "[PASS] $name"
-                N_PASS=$((N_PASS + 1))
-            else
-                echo "[FAIL] $name"
-                tail -n "$TAIL_LINES" "$LOGS/$name.log" | sed 's/^/    /'
-                echo "    (exit status $rc; full log: $LOGS/$name.log)"
-                N_FAIL=$((N_FAIL + 1))
-            fi
+# m:ss
+clock() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+
+# report: print every step that has ended since the last call
+report() {
+    local name rc secs cpu verdict
+    for name in "${ORDER[@]}"; do
+        [ -n "${REPORTED[$name]+x}" ] && continue
+        [ -n "${SKIPMSG[$name]+x}" ] && continue
+        [ -f "$LOGS/$name.rc" ] || continue
+        REPORTED[$name]=1
+        read -r rc secs cpu <"$LOGS/$name.rc"
+        TIMES+=("$name $cpu")
+        CPU_TOTAL=$((CPU_TOTAL + cpu))
+        N_DONE=$((N_DONE + 1))
+        verdict=PASS
+        [ "$rc" = 0 ] || verdict=FAIL
+        printf '[%s] %-26s %5ss (cpu %5ss)   %d/%d done, %s elapsed\n' "$verdict" "$name" "$secs" "$cpu" \
+            "$N_DONE" "$N_RUN" "$(clock $SECONDS)"
+        if [ "$rc" = 0 ]; then
+            N_PASS=$((N_PASS + 1))
         else
-            break
+            N_FAIL=$((N_FAIL + 1))
+            tail -n "$TAIL_LINES" "$LOGS/$name.log" | sed 's/^/    /'
+            echo "    (exit status $rc; full log: $LOGS/$name.log)"
         fi
-        NEXT=$((NEXT + 1))
     done
 }
 
@@ -756,7 +892,7 @@ launch() {
     local name=$1
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
         wait -n
-        flush
+        report
     done
     (
         start=$SECONDS
@@ -766,10 +902,16 @@ launch() {
             ( "${FUNC[$name]}" ) >"$LOGS/$name.log" 2>&1 </dev/null
         fi
         rc=$?
-        echo "$rc $((SECONDS - start))" >"$LOGS/$name.rc.tmp" &&
+        # the CPU seconds of everything the step ran (user + system): unlike its
+        # wall time, they do not grow when other work shares the machine
+        # (times in this shell, not in a pipeline's or $(...)'s fork, which has no children)
+        times >"$LOGS/$name.times"
+        cpu=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); t += p[1] * 60 + p[2] }
+                             printf "%d", t + 0.5 }' "$LOGS/$name.times")
+        echo "$rc $((SECONDS - start)) ${cpu:-0}" >"$LOGS/$name.rc.tmp" &&
             mv "$LOGS/$name.rc.tmp" "$LOGS/$name.rc"
     ) &
-    flush
+    report
 }
 
 # on Ctrl-C / TERM: stop the steps and everything they started (background
@@ -849,6 +991,7 @@ for src in examples/*.c; do
 done
 step bench-smoke s_bench_smoke
 step repo-check s_repo_check
+step readme-commands s_readme_commands
 step threads s_threads
 step threads-tsan s_threads_tsan
 if [ "$HOST" = aarch64 ] || { have "$AARCH64_CC" && have "$QEMU_AARCH64"; }; then
@@ -872,20 +1015,65 @@ for src in tests/fuzz_*.c; do
     fi
 done
 
-echo "kvattn test matrix: $(basename "$CC") on $HOST, ${#TEST_SRCS[@]} test sources," \
-    "${#ORDER[@]} steps, $JOBS jobs, logs in $LOGS/"
-for w in 4 3 2 1; do
-    for name in "${ORDER[@]}"; do
-        [ -z "${SKIPMSG[$name]+x}" ] && [ "$(weight "$name")" = "$w" ] && launch "$name"
-    done
+
+# the steps to run, longest first; the estimate is that order's schedule on JOBS slots
+RUNNABLE=()
+for name in "${ORDER[@]}"; do
+    [ -z "${SKIPMSG[$name]+x}" ] && RUNNABLE+=("$(estimate "$name") $name")
+done
+N_RUN=${#RUNNABLE[@]}
+START_ORDER=()
+while read -r _ name; do
+    [ -n "$name" ] && START_ORDER+=("$name")
+done < <(printf '%s\n' "${RUNNABLE[@]}" | sort -k1,1nr -k2,2)
+declare -a SLOT=()
+for ((i = 0; i < JOBS; i++)); do SLOT[i]=0; done
+for name in "${START_ORDER[@]}"; do
+    least=0
+    for ((i = 1; i < JOBS; i++)); do [ "${SLOT[i]}" -lt "${SLOT[least]}" ] && least=$i; done
+    SLOT[least]=$((SLOT[least] + $(estimate "$name")))
+done
+est=0
+for ((i = 0; i < JOBS; i++)); do [ "${SLOT[i]}" -gt "$est" ] && est=${SLOT[i]}; done
+if [ -f "$TIMES_FILE" ]; then est_from="from the last run's step times in $TIMES_FILE"
+else est_from="from typical step times on a 2-core machine"; fi
+
+if [ "$MATRIX_TIER" = full ]; then
+    tier_says="the whole matrix"
+else
+    tier_says="the quick default (make test-all runs the whole matrix)"
+fi
+echo "kvattn test matrix, $tier_says: $(basename "$CC") on $HOST, $N_RUN steps, $JOBS jobs," \
+    "logs in $LOGS/"
+echo "estimate: about $(clock "$est") on an otherwise idle machine ($est_from);" \
+    "each step prints a line when it ends"
+load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null)
+if [ -n "$load" ] && awk -v l="$load" -v n="$(nproc 2>/dev/null || echo 1)" 'BEGIN { exit !(l > n / 2) }'; then
+    echo "  other work is running (load average $load on $(nproc) cores): expect longer"
+fi
+for name in "${ORDER[@]}"; do
+    [ -n "${SKIPMSG[$name]+x}" ] && echo "[SKIP] $name (${SKIPMSG[$name]})"
+done
+for name in "${START_ORDER[@]}"; do
+    launch "$name"
+done
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do
+    wait -n
+    report
 done
 wait
-flush
+report
 
 if [ ${#TIMES[@]} -gt 0 ]; then
-    t=$(printf '%s, ' "${TIMES[@]}")
-    echo "times: ${t%, } (total ${SECONDS}s)"
+    # a selection (MATRIX_STEPS) updates its steps' times and keeps the others'
+    declare -A EST_KEEP=()
+    for name in "${!EST[@]}"; do EST_KEEP[$name]=${EST[$name]}; done
+    for t in "${TIMES[@]}"; do EST_KEEP[${t% *}]=${t#* }; done
+    for name in "${!EST_KEEP[@]}"; do echo "$name ${EST_KEEP[$name]}"; done | sort >"$TIMES_FILE.tmp" &&
+        mv "$TIMES_FILE.tmp" "$TIMES_FILE"
 fi
+echo "total $(clock $SECONDS) (estimate $(clock "$est")); the steps' CPU time $(clock "$CPU_TOTAL")," \
+    "$(clock $(((CPU_TOTAL + JOBS - 1) / JOBS))) over $JOBS jobs"
 echo "$N_PASS passed, $N_FAIL failed"
 [ "$N_FAIL" -eq 0 ]
 exit

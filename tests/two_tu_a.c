@@ -1,5 +1,5 @@
 /* Two translation units that both include kvattn.h, linked into one program
-   (`make test`, step two-tu).  The header must not define anything with
+   (`make test-all`, step two-tu).  The header must not define anything with
    external linkage (the default KVA_API is static inline), and both copies
    must compute the same thing.  main() is here; two_tu_b.c has the other half. */
 #include "kvattn.h"
