@@ -2884,10 +2884,6 @@ static inline void kva__scores_tile(const kva__attn_params *P, const kva__kv_vie
   }
 }
 
-/* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
-   over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
-   with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
-   partial result). Query i sits at q_pos[i], or at q_base + i when q_pos is NULL. */
 /* H2O's bookkeeping after a pass over keys kv0..kv1 of KV head g: each
    key's final probability (the pass's m and l), summed over the rows in row
    order, is added to its slot's score. The scores are recomputed tile by
@@ -2951,15 +2947,50 @@ static inline void kva__rows_shift(const void **dst, const void *const *rows, in
   for (j = 0; j < n; j++) dst[j] = (const unsigned char *)rows[j] + step;
 }
 
-/* Rows [row0, row0+nrows) of each of the ng KV heads g .. g+ng-1 over keys
-   [kv0, kv1) (ng > 1 only where every head's key j sits at the same
+/* One pass of the attention core: query rows [row0, row0 + nrows) of each
+   of the KV heads g .. g+ng-1 over keys [kv0, kv1) (row t: query t / R,
+   head g*R + t % R). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
+   with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
+   partial result). Query i sits at q_pos[i], or at q_base + i when q_pos
+   is NULL. The functions below hand it on, changing the rows, the heads or
+   where results go. */
+typedef struct {
+  const kva__attn_params *P;
+  const kva__kv_view *w;
+  const float *q;
+  const int32_t *q_pos;
+  int32_t q_base;
+  int kv0, kv1, g, ng, row0, nrows;
+  float *out, *lse;
+  int compact;
+} kva__pass;
+/* What a call's passes share; each pass then sets its keys, heads, rows and outputs. */
+static inline kva__pass kva__pass_base(const kva__attn_params *P, const kva__kv_view *w, const float *q,
+                                       const int32_t *q_pos, int32_t q_base) {
+  kva__pass ps;
+  memset(&ps, 0, sizeof ps);
+  ps.P = P, ps.w = w, ps.q = q, ps.q_pos = q_pos, ps.q_base = q_base;
+  return ps;
+}
+/* The rows [row0, row0 + nrows) of KV heads g .. g+ng-1 of a pass over keys [kv0, kv1). */
+static inline void kva__pass_rows(kva__pass *ps, int kv0, int kv1, int g, int ng, int row0, int nrows) {
+  ps->kv0 = kv0, ps->kv1 = kv1, ps->g = g, ps->ng = ng, ps->row0 = row0, ps->nrows = nrows;
+}
+
+/* The pass's rows of each of its ng KV heads (ng > 1 only where every head's key j sits at the same
    position and no H2O scores are kept: see kva__attend_all). The walk is tile by tile, and each tile serves every
    head of the group before the next, so a paged walk reads each block's
    head slices one after another instead of leaving every 4 KiB slice for
    another block; each head's arithmetic is that of a pass of its own. */
-static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                         int ng, const float *q, const int32_t *q_pos, int32_t q_base, int row0,
-                                         int nrows, float *out, float *lse, int compact, const kva__qrow *iq) {
+static inline void kva__attend_rows_with(const kva__pass *ps, const kva__qrow *iq) {
+  const kva__attn_params *P = ps->P;
+  const kva__kv_view *w = ps->w;
+  const float *q = ps->q;
+  const int32_t *q_pos = ps->q_pos;
+  const int32_t q_base = ps->q_base;
+  const int kv0 = ps->kv0, kv1 = ps->kv1, g = ps->g, ng = ps->ng, row0 = ps->row0, nrows = ps->nrows;
+  float *out = ps->out, *lse = ps->lse;
+  const int compact = ps->compact;
   float scores[KVA__MAXROWS * KVA__TILE];
   float m[KVA__MAXROWS], l[KVA__MAXROWS], slope[KVA__MAXROWS];
   const float *qr[KVA__MAXROWS];
@@ -3080,39 +3111,44 @@ static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__k
 /* kva__attend_rows_with for integer scores: the rows' query codes live on
    the stack, so rows pass in groups that fit KVA__IQ_STACK_BYTES (a head
    group whose rows do not all fit passes head by head). */
-static inline void kva__attend_rows_int(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                        int ng, const float *q, const int32_t *q_pos, int32_t q_base, int row0,
-                                        int nrows, float *out, float *lse, int compact) {
+static inline void kva__attend_rows_int(const kva__pass *ps) {
+  const kva__attn_params *P = ps->P;
   int32_t mem[KVA__IQ_STACK_BYTES / sizeof(int32_t)];
   kva__qrow iq[KVA__MAXROWS];
   size_t row_bytes = kva__qrow_bytes(P->D);
   int per = (int)(sizeof mem / row_bytes), t0, t, hh;
   if (per > KVA__MAXROWS) per = KVA__MAXROWS;
-  if (ng > 1 && ng * nrows > per) { /* the group's codes do not fit: head by head */
-    for (hh = 0; hh < ng; hh++)
-      kva__attend_rows_int(P, w, kv0, kv1, g + hh, 1, q, q_pos, q_base, row0, nrows, out, lse, compact);
+  if (ps->ng > 1 && ps->ng * ps->nrows > per) { /* the group's codes do not fit: head by head */
+    for (hh = 0; hh < ps->ng; hh++) {
+      kva__pass one = *ps;
+      one.g = ps->g + hh;
+      one.ng = 1;
+      kva__attend_rows_int(&one);
+    }
     return;
   }
-  for (t0 = 0; t0 < ng * nrows; t0 += per) { /* a group passes at once; one head, in parts that fit */
-    int n = ng * nrows - t0 < per ? ng * nrows - t0 : per;
+  for (t0 = 0; t0 < ps->ng * ps->nrows; t0 += per) { /* a group passes at once; one head, in parts that fit */
+    int n = ps->ng * ps->nrows - t0 < per ? ps->ng * ps->nrows - t0 : per;
+    kva__pass part = *ps;
     for (t = 0; t < n; t++) {
-      int row = row0 + (t0 + t) % nrows, i = row / P->R, h = (g + (t0 + t) / nrows) * P->R + row % P->R;
-      kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
+      int row = ps->row0 + (t0 + t) % ps->nrows, i = row / P->R, h = (ps->g + (t0 + t) / ps->nrows) * P->R + row % P->R;
+      kva__quantize_query(ps->q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, ps->w->kt,
                           (char *)mem + (size_t)t * row_bytes, &iq[t]);
     }
-    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0 + t0, ng > 1 ? nrows : n,
-                          compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse, compact, iq);
+    part.row0 = ps->row0 + t0;
+    part.nrows = ps->ng > 1 ? ps->nrows : n;
+    if (ps->compact) {
+      part.out = ps->out + (size_t)t0 * (size_t)P->DV;
+      part.lse = ps->lse ? ps->lse + t0 : NULL;
+    }
+    kva__attend_rows_with(&part, iq);
   }
 }
 
-/* Rows [row0, row0+nrows) of KV heads g .. g+ng-1 over keys [kv0, kv1), float or integer scores. */
-static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g, int ng,
-                                    const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
-                                    float *out, float *lse, int compact) {
-  if (P->int_scores && kva__int_scored(w->kt) && P->D <= KVA__IQ_MAX_D)
-    kva__attend_rows_int(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact);
-  else
-    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact, NULL);
+/* The pass, with float or integer scores. */
+static inline void kva__attend_rows(const kva__pass *ps) {
+  if (ps->P->int_scores && kva__int_scored(ps->w->kt) && ps->P->D <= KVA__IQ_MAX_D) kva__attend_rows_int(ps);
+  else kva__attend_rows_with(ps, NULL);
 }
 
 /* Combine S normalised partial results of one row over disjoint key sets
@@ -3238,6 +3274,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
   int S = kva__kv_splits(items, n_kv, w->key_scores != NULL);
   int item_rows = rows < KVA__MAXROWS ? rows : KVA__MAXROWS;
   size_t part = (size_t)item_rows * ((size_t)P->DV + 1); /* one unit's partial rows, then their lse */
+  const kva__pass base = kva__pass_base(P, w, q, q_pos, q_base);
   float *taken = NULL;
   size_t taken_bytes = (size_t)items * (size_t)S * part * sizeof(float);
   if (S > 1 && (size_t)items * (size_t)S * part > scratch_floats) {
@@ -3250,10 +3287,13 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     KVA__OMP_FOR(ntu)
     for (u = 0; u < units; u++) {
       int c0 = (u / S % chunks) * KVA__MAXROWS, kv0, kv1;
-      float *po = scratch + (size_t)u * part;
+      kva__pass ps = base;
       kva__split_range(n_kv, S, u % S, &kv0, &kv1);
-      kva__attend_rows(P, w, kv0, kv1, u / S / chunks, 1, q, q_pos, q_base, c0,
-                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + (size_t)item_rows * (size_t)P->DV, 1);
+      kva__pass_rows(&ps, kv0, kv1, u / S / chunks, 1, c0, rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS);
+      ps.out = scratch + (size_t)u * part;
+      ps.lse = ps.out + (size_t)item_rows * (size_t)P->DV;
+      ps.compact = 1;
+      kva__attend_rows(&ps);
     }
     if (nt > items) nt = items;
     KVA__OMP_FOR(nt)
@@ -3277,7 +3317,10 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     KVA__OMP_FOR(nt)
     for (it = 0; it < groups; it++) {
       int g0 = it * ng;
-      kva__attend_rows(P, w, 0, n_kv, g0, P->G - g0 < ng ? P->G - g0 : ng, q, q_pos, q_base, 0, rows, out, lse, 0);
+      kva__pass ps = base;
+      kva__pass_rows(&ps, 0, n_kv, g0, P->G - g0 < ng ? P->G - g0 : ng, 0, rows);
+      ps.out = out, ps.lse = lse;
+      kva__attend_rows(&ps);
     }
     return;
   }
@@ -3286,8 +3329,10 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     int g = it / (chunks / per_item), k;
     for (k = 0; k < per_item; k++) {
       int c0 = ((it % (chunks / per_item)) * per_item + k) * KVA__MAXROWS;
-      int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
-      kva__attend_rows(P, w, 0, n_kv, g, 1, q, q_pos, q_base, c0, nrows, out, lse, 0);
+      kva__pass ps = base;
+      kva__pass_rows(&ps, 0, n_kv, g, 1, c0, rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS);
+      ps.out = out, ps.lse = lse;
+      kva__attend_rows(&ps);
     }
   }
 }
@@ -5799,16 +5844,19 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
     const float *qs = b->q + (size_t)b->q_row[un->seq] * P->q_stride;
     float *os = b->out + (size_t)b->q_row[un->seq] * P->o_stride;
     float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
-    int32_t q_base = (int32_t)(b->pos[un->seq] - b->n_q[un->seq]);
+    kva__pass ps = kva__pass_base(P, &b->views[un->seq], qs, NULL, (int32_t)(b->pos[un->seq] - b->n_q[un->seq]));
     for (k = 0; k < un->n_chunks; k++) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
+      kva__pass_rows(&ps, un->kv0, un->kv1, un->g, 1, c0, nrows);
       if (un->part < 0) {
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, 1, qs, NULL, q_base, c0, nrows, os, ls, 0);
+        ps.out = os, ps.lse = ls;
+        kva__attend_rows(&ps);
         if (b->rotate & KVA_ROTATE_V) kva__rotate_item(P, os, un->g, c0, nrows); /* back from V's basis */
       } else {
-        float *po = b->parts + (size_t)un->part * part;
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, 1, qs, NULL, q_base, c0, nrows, po,
-                         po + (size_t)KVA__MAXROWS * (size_t)P->DV, 1);
+        ps.out = b->parts + (size_t)un->part * part;
+        ps.lse = ps.out + (size_t)KVA__MAXROWS * (size_t)P->DV;
+        ps.compact = 1;
+        kva__attend_rows(&ps);
       }
     }
   }
