@@ -81,11 +81,18 @@
    [1] configuration
    [2] the API: types, then every public function at a glance
        --- the implementation (left out under KVATTN_DECLARATIONS_ONLY) ---
-   [3] names and numerics    [8] paged KV cache: block pool, sequences,
-   [4] SIMD kernels              eviction, prefix caching
-   [5] quantization          [9] cache store / attend / read, batched attention
-   [6] attention core        [10] layers: GQA forward, [10b] MLA forward
-   [7] RoPE                  [11] stats
+   [3] names and numerics: f16, bf16, FP8, storage types
+   [4] SIMD kernels: the scalar twins, the vector mapping, AVX2, AVX-512,
+       NEON, then the kernel table (the only section with ISA code)
+   [5] quantization: FP8 bulk conversions and calibration, INT8 / INT4 rows,
+       storing and loading one cache row
+   [6] attention core: one pass over keys, split-K, merging
+   [7] RoPE
+   [8] paged KV cache: block pool, groups' pools, sequences, eviction,
+       prefix caching, sequence streams (export / import)
+   [9] cache store / attend / read (rotation first), batched attention
+   [10] layers: GQA forward, [10b] MLA forward
+   [11] stats
 */
 
 #include <stddef.h>
@@ -555,18 +562,6 @@ KVA_API const char *kva_status_str(kva_status s) {
   return "unknown status";
 }
 
-KVA_API const char *kva_simd_name(void) {
-#if KVATTN_SIMD == KVA_SIMD_AVX512
-  return "avx512";
-#elif KVATTN_SIMD == KVA_SIMD_AVX2
-  return "avx2";
-#elif KVATTN_SIMD == KVA_SIMD_NEON
-  return "neon";
-#else
-  return "scalar";
-#endif
-}
-
 KVA_API const char *kva_dtype_name(kva_dtype t) {
   switch (t) {
     case KVA_DTYPE_DEFAULT: return "default";
@@ -752,10 +747,11 @@ static inline size_t kva__row_bytes(kva_dtype t, int dim) {
 #define KVA__EACH_4X4(X) \
   X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) \
   X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) X(3, 2) X(3, 3)
+/* the same, X(V, a, b), for the loops written over a vector mapping V */
+#define KVA__EACH_4X4_OF(X, V) \
+  X(V, 0, 0) X(V, 0, 1) X(V, 0, 2) X(V, 0, 3) X(V, 1, 0) X(V, 1, 1) X(V, 1, 2) X(V, 1, 3) \
+  X(V, 2, 0) X(V, 2, 1) X(V, 2, 2) X(V, 2, 3) X(V, 3, 0) X(V, 3, 1) X(V, 3, 2) X(V, 3, 3)
 
-/* Element i of a row as a float, before the row's scale. E4M3 loads as
-   value / 256 (its bits shifted into an F16 exponent, as the vector loaders
-   do it); the 256 is in its row scale. */
 /* An INT4 element's group: its scale and minimum, and where its codes start. */
 KVA__FORCEINLINE const uint8_t *kva__i4_group(const void *row, int i, float *scale, float *min) {
   const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
@@ -770,6 +766,9 @@ KVA__FORCEINLINE float kva__load1_i4(const void *row, int i) {
   return (float)c * s + mn; /* (no fused multiply-add: the vector loaders round the same way) */
 }
 
+/* Element i of a row as a float, before the row's scale. E4M3 loads as
+   value / 256 (its bits shifted into an F16 exponent, as the vector loaders
+   do it); the 256 is in its row scale. */
 KVA__FORCEINLINE float kva__load1(const kva_dtype t, const void *row, int i) {
   switch (t) {
     case KVA_INT4: return kva__load1_i4(row, i);
@@ -1085,12 +1084,155 @@ static inline void kva__fp8_encode_scalar(uint8_t *dst, const float *src, size_t
   for (i = 0; i < n; i++) dst[i] = f->e5m2 ? kva_f32_to_e5m2(src[i] * mul) : kva_f32_to_e4m3(src[i] * mul);
 }
 
+/* One INT4 group's codes (see kva__quantize_i4; codes zeroed before): code =
+   round((x - mn) / scale) in 0..15, two per byte, the lower element in the
+   low nibble. Divided, not multiplied by a reciprocal, so that a value
+   half-way between two codes rounds up as the rule says; a constant group
+   (scale 0) keeps +Inf at the top code. */
+static inline void kva__i4_encode_scalar(uint8_t *codes, const float *src, int m, float mn, float scale) {
+  int i;
+  for (i = 0; i < m; i++) {
+    double x = (double)src[i], v = scale > 0.0f ? (x - (double)mn) / (double)scale : x == (double)INFINITY ? 15.0 : 0.0;
+    int c;
+    if (!(v == v)) v = 0.0;
+    c = v >= 15.0 ? 15 : v <= 0.0 ? 0 : (int)(v + 0.5);
+    codes[i / 2] = (uint8_t)(codes[i / 2] | c << (4 * (i & 1)));
+  }
+}
+
+/* --- rotation (kva_cache_desc.rotate): the fast Walsh-Hadamard transform --- */
+/* x (n a power of two) times the Hadamard matrix scaled by 1/sqrt(n): the
+   butterflies (a, b) -> (a + b, a - b) at distances 1, 2, 4, ..., then the
+   scale. Every butterfly is the same two float operations whatever the
+   order, so the vector version below gives these bits. */
+static inline void kva__fwht_scalar(float *x, int n) {
+  float s = (float)(1.0 / sqrt((double)n));
+  int h, i, j;
+  for (h = 1; h < n; h *= 2)
+    for (i = 0; i < n; i += 2 * h)
+      for (j = i; j < i + h; j++) {
+        float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  for (i = 0; i < n; i++) x[i] *= s;
+}
+
+
+/* --- the vector mapping: loops written once for every ISA ---
+   exp_sub_sum, scale_max and the value kernel's strip are written once,
+   below, as ggml writes its vector loops over simd-mappings.h: over a few
+   names each ISA defines with its prefix V (KVA__AVX2_, KVA__AVX512_,
+   KVA__NEON_; a new ISA defines the same set). Each ISA's block spells out
+   its functions, `... kva__exp_sub_sum_avx2(...) { KVA__EXP_SUB_SUM(KVA__AVX2_) }`,
+   which compile to the instructions of a loop written for that ISA. (Macros,
+   not an inline function taking the steps: the vector types differ, and an
+   AVX-512 build compiles the AVX2 kernels too.)
+     F, N                 the float vector and its lanes
+     MORE(i, n)           whether a vector step starts at element i of n
+     MASK, LANES(i, n)    the lanes of the step at i below n: AVX-512's masks;
+                          an ISA without them steps over whole vectors only
+                          (an int, ignored) and leaves the rest to a scalar tail
+     LOAD(m, p), STORE(p, m, v)   the lanes m selects (the others load as 0)
+     ROW(t, row, i, m)    elements i.. of a row in storage type t, as floats
+     ZERO, SET1(x)        zero, a broadcast
+     ADD SUB MUL MIN MAX(a, b)   FMA(a, b, c) = a * b + c, FNMA(a, b, c) = c - a * b
+     MAX_IN(mx, v, m)     max(mx, v) in the lanes of m, mx in the others
+     HSUM(v), HMAX(v)     the sum and the largest of the lanes
+     ROUND(v)             to the nearest integer, ties to even
+     POW2(p, t)           p * 2^t for whole t: t added to p's exponent bits
+     KEEP_T, KEEP(v, lo, m), KEEP_ONLY(k, p)   p in the lanes of m where v >= lo, 0 elsewhere
+     S_T, S(p, k), S_ZERO, FMA_S(a, v, s)   p[k] as a multiplier
+                          (a broadcast, or on NEON the float itself), a + v * s */
+
+/* kva__exp_sub_sum_<isa>(x, n, m): x[i] = exp(x[i] - m), returning their sum.
+   exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
+   relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
+   (e^-86.5 is 3e-38: nothing a softmax can see). */
+#define KVA__EXP_SUB_SUM(V)                                                                     \
+  const V##F log2e = V##SET1(1.44269504088896341f);                                             \
+  const V##F ln2_hi = V##SET1(0.693359375f), ln2_lo = V##SET1(-2.12194440e-4f);                 \
+  const V##F lo = V##SET1(-86.5f), hi = V##SET1(88.3f);                                         \
+  const V##F c1 = V##SET1(1.0f), c2 = V##SET1(0.5f);                                            \
+  const V##F c3 = V##SET1(1.6666665459e-1f), c4 = V##SET1(4.1665795894e-2f);                    \
+  const V##F c5 = V##SET1(8.3334519073e-3f), c6 = V##SET1(1.3981999507e-3f);                    \
+  const V##F c7 = V##SET1(1.9875691500e-4f), mv = V##SET1(m);                                   \
+  V##F acc = V##ZERO;                                                                           \
+  float sum;                                                                                    \
+  int i;                                                                                        \
+  for (i = 0; V##MORE(i, n); i += V##N) {                                                       \
+    const V##MASK lanes = V##LANES(i, n);                                                       \
+    V##F v = V##SUB(V##LOAD(lanes, x + i), mv), t, r, r2, poly;                                 \
+    const V##KEEP_T keep = V##KEEP(v, lo, lanes);                                               \
+    v = V##MIN(V##MAX(v, lo), hi);                                                              \
+    t = V##ROUND(V##MUL(v, log2e));                                                             \
+    r = V##FNMA(t, ln2_hi, v);                                                                  \
+    r = V##FNMA(t, ln2_lo, r);                                                                  \
+    r2 = V##MUL(r, r);                                                                          \
+    poly = V##FMA(c7, r, c6);                                                                   \
+    poly = V##FMA(poly, r, c5);                                                                 \
+    poly = V##FMA(poly, r, c4);                                                                 \
+    poly = V##FMA(poly, r, c3);                                                                 \
+    poly = V##FMA(poly, r, c2);                                                                 \
+    poly = V##FMA(poly, r2, V##ADD(r, c1));                                                     \
+    poly = V##KEEP_ONLY(keep, V##POW2(poly, t));                                                \
+    V##STORE(x + i, lanes, poly);                                                               \
+    acc = V##ADD(acc, poly);                                                                    \
+  }                                                                                             \
+  sum = V##HSUM(acc);                                                                           \
+  for (; i < n; i++) sum += x[i] = expf(x[i] - m);                                              \
+  return sum;
+
+/* kva__scale_max_<isa>(x, n, scale): x[i] *= scale, returning the largest */
+#define KVA__SCALE_MAX(V)                                                                       \
+  const V##F sv = V##SET1(scale);                                                               \
+  V##F mx = V##SET1(-INFINITY);                                                                 \
+  float r;                                                                                      \
+  int i;                                                                                        \
+  for (i = 0; V##MORE(i, n); i += V##N) {                                                       \
+    const V##MASK lanes = V##LANES(i, n);                                                       \
+    V##F v = V##MUL(V##LOAD(lanes, x + i), sv);                                                 \
+    V##STORE(x + i, lanes, v);                                                                  \
+    mx = V##MAX_IN(mx, v, lanes);                                                               \
+  }                                                                                             \
+  r = V##HMAX(mx);                                                                              \
+  for (; i < n; i++) {                                                                          \
+    x[i] *= scale;                                                                              \
+    if (x[i] > r) r = x[i];                                                                     \
+  }                                                                                             \
+  return r;
+
+/* kva__vacc_strip_<isa>(t, acc, nr, p, ldp, vrows, nk, i, nv, dv): the value
+   kernel over one strip of nv (<= 4) vectors of columns from column i (of
+   dv), nr (<= 4) rows: acc_r += sum_j p[r*ldp + j] * v_j, in the 16
+   accumulators a<row><vector> (KVA__EACH_4X4_OF), so that they stay in registers. */
+#define KVA__VACC_INIT(V, r, c) V##F a##r##c = nr > r && nv > c ? V##LOAD(m##c, acc[r] + i + V##N * c) : z;
+#define KVA__VACC_FMA(V, r, c) if (nr > r && nv > c) a##r##c = V##FMA_S(a##r##c, v##c, p##r);
+#define KVA__VACC_STORE(V, r, c) if (nr > r && nv > c) V##STORE(acc[r] + i + V##N * c, m##c, a##r##c);
+#define KVA__VACC_STRIP(V)                                                                      \
+  const V##F z = V##ZERO;                                                                       \
+  const V##MASK m0 = V##LANES(i, dv), m1 = V##LANES(i + V##N, dv);                              \
+  const V##MASK m2 = V##LANES(i + 2 * V##N, dv), m3 = V##LANES(i + 3 * V##N, dv);               \
+  int j;                                                                                        \
+  KVA__EACH_4X4_OF(KVA__VACC_INIT, V)                                                           \
+  for (j = 0; j < nk; j++) {                                                                    \
+    const void *vr = vrows[j];                                                                  \
+    V##F v0 = V##ROW(t, vr, i, m0);                                                             \
+    V##F v1 = nv > 1 ? V##ROW(t, vr, i + V##N, m1) : z;                                         \
+    V##F v2 = nv > 2 ? V##ROW(t, vr, i + 2 * V##N, m2) : z;                                     \
+    V##F v3 = nv > 3 ? V##ROW(t, vr, i + 3 * V##N, m3) : z;                                     \
+    V##S_T p0 = V##S(p, j);                                                                     \
+    V##S_T p1 = nr > 1 ? V##S(p, ldp + j) : V##S_ZERO;                                          \
+    V##S_T p2 = nr > 2 ? V##S(p, 2 * ldp + j) : V##S_ZERO;                                      \
+    V##S_T p3 = nr > 3 ? V##S(p, 3 * ldp + j) : V##S_ZERO;                                      \
+    KVA__EACH_4X4_OF(KVA__VACC_FMA, V)                                                          \
+  }                                                                                             \
+  KVA__EACH_4X4_OF(KVA__VACC_STORE, V)
+
 #if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
 /* --- AVX2 + FMA + F16C (also compiled under AVX-512, which reuses its
    conversions and dot product) --- */
 
-/* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
-   shifted into an F16 give value / 256. */
 /* 8 INT4 elements from i (a multiple of 8): byte k's nibbles go to lanes 2k, 2k+1 */
 KVA__FORCEINLINE __m256 kva__load8_i4_avx2(const void *row, int i) {
   float s, mn;
@@ -1105,6 +1247,8 @@ KVA__FORCEINLINE __m256 kva__load8_i4_avx2(const void *row, int i) {
   return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(s)), _mm256_set1_ps(mn));
 }
 
+/* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
+   shifted into an F16 give value / 256. */
 KVA__FORCEINLINE __m256 kva__load8_avx2(const kva_dtype t, const void *row, int i) {
   const uint8_t *b = (const uint8_t *)row + i;
   switch (t) {
@@ -1129,6 +1273,50 @@ KVA__FORCEINLINE __m256 kva__load8_avx2(const kva_dtype t, const void *row, int 
 KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* the vector mapping (see KVA__EXP_SUB_SUM): whole vectors of 8, a scalar tail */
+#define KVA__AVX2_F __m256
+#define KVA__AVX2_N 8
+#define KVA__AVX2_MORE(i, n) ((i) + 8 <= (n))
+#define KVA__AVX2_MASK int
+#define KVA__AVX2_LANES(i, n) ((void)(n), 0)
+#define KVA__AVX2_LOAD(m, p) ((void)(m), _mm256_loadu_ps(p))
+#define KVA__AVX2_STORE(p, m, v) ((void)(m), _mm256_storeu_ps(p, v))
+#define KVA__AVX2_ROW(t, row, i, m) ((void)(m), kva__load8_avx2(t, row, i))
+#define KVA__AVX2_ZERO _mm256_setzero_ps()
+#define KVA__AVX2_SET1(x) _mm256_set1_ps(x)
+#define KVA__AVX2_ADD(a, b) _mm256_add_ps(a, b)
+#define KVA__AVX2_SUB(a, b) _mm256_sub_ps(a, b)
+#define KVA__AVX2_MUL(a, b) _mm256_mul_ps(a, b)
+#define KVA__AVX2_MIN(a, b) _mm256_min_ps(a, b)
+#define KVA__AVX2_MAX(a, b) _mm256_max_ps(a, b)
+#define KVA__AVX2_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define KVA__AVX2_FNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define KVA__AVX2_MAX_IN(mx, v, m) _mm256_max_ps(mx, v)
+#define KVA__AVX2_HSUM(v) kva__hsum_avx2(v)
+#define KVA__AVX2_HMAX(v) kva__hmax_avx2(v)
+#define KVA__AVX2_ROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define KVA__AVX2_POW2(p, t) \
+  _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(t), 23)))
+#define KVA__AVX2_KEEP_T __m256 /* the lanes below lo, all bits set */
+#define KVA__AVX2_KEEP(v, lo, m) _mm256_cmp_ps(v, lo, _CMP_LT_OQ)
+#define KVA__AVX2_KEEP_ONLY(k, p) _mm256_andnot_ps(k, p)
+#define KVA__AVX2_S_T __m256
+#define KVA__AVX2_S(p, k) _mm256_broadcast_ss(p + k) /* p + ldp + j: gcc's best addressing here */
+#define KVA__AVX2_S_ZERO _mm256_setzero_ps()
+#define KVA__AVX2_FMA_S(a, v, s) _mm256_fmadd_ps(s, v, a)
+
+/* the sum and the largest of 8 lanes */
+KVA__FORCEINLINE float kva__hsum_avx2(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+KVA__FORCEINLINE float kva__hmax_avx2(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
 /* Scores: two keys per step, each q load serving both (8 FMA chains). */
@@ -1188,30 +1376,10 @@ KVA__FORCEINLINE void kva__dot_tile_avx2(const kva_dtype t, const float *const *
   }
 }
 
-/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
-#define KVA__V256_INIT(r, c) __m256 a##r##c = nr > r && nv > c ? _mm256_loadu_ps(acc[r] + i + 8 * c) : z;
-#define KVA__V256_FMA(r, c) if (nr > r && nv > c) a##r##c = _mm256_fmadd_ps(p##r, v##c, a##r##c);
-#define KVA__V256_STORE(r, c) if (nr > r && nv > c) _mm256_storeu_ps(acc[r] + i + 8 * c, a##r##c);
-
 /* one strip of nv (<= 4) vectors of 8 columns from column i, nr rows */
 KVA__FORCEINLINE void kva__vacc_strip_avx2(const kva_dtype t, float *const *acc, const int nr, const float *p,
-                                           int ldp, const void *const *vrows, int nk, int i, const int nv) {
-  const __m256 z = _mm256_setzero_ps();
-  int j;
-  KVA__EACH_4X4(KVA__V256_INIT)
-  for (j = 0; j < nk; j++) {
-    const void *vr = vrows[j];
-    __m256 v0 = kva__load8_avx2(t, vr, i);
-    __m256 v1 = nv > 1 ? kva__load8_avx2(t, vr, i + 8) : z;
-    __m256 v2 = nv > 2 ? kva__load8_avx2(t, vr, i + 16) : z;
-    __m256 v3 = nv > 3 ? kva__load8_avx2(t, vr, i + 24) : z;
-    __m256 p0 = _mm256_broadcast_ss(p + j);
-    __m256 p1 = nr > 1 ? _mm256_broadcast_ss(p + ldp + j) : z;
-    __m256 p2 = nr > 2 ? _mm256_broadcast_ss(p + 2 * ldp + j) : z;
-    __m256 p3 = nr > 3 ? _mm256_broadcast_ss(p + 3 * ldp + j) : z;
-    KVA__EACH_4X4(KVA__V256_FMA)
-  }
-  KVA__EACH_4X4(KVA__V256_STORE)
+                                           int ldp, const void *const *vrows, int nk, int i, const int nv, int dv) {
+  KVA__VACC_STRIP(KVA__AVX2_)
 }
 KVA__FORCEINLINE void kva__vacc_tile_avx2(const kva_dtype t, float *const *acc, const int nr, const float *p,
                                           int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
@@ -1219,9 +1387,9 @@ KVA__FORCEINLINE void kva__vacc_tile_avx2(const kva_dtype t, float *const *acc, 
   int i, j, r;
   p = kva__scale_probs(t, p, &ldp, nr, vrows, nk, fp8_scale, pbuf);
   /* 16 ymm registers: strips of 2 vectors (8 accumulators, 2 values, 4 broadcasts) */
-  for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_avx2(t, acc, nr, p, ldp, vrows, nk, i, 2);
+  for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_avx2(t, acc, nr, p, ldp, vrows, nk, i, 2, dv);
   if (dv - i >= 8) {
-    kva__vacc_strip_avx2(t, acc, nr, p, ldp, vrows, nk, i, 1);
+    kva__vacc_strip_avx2(t, acc, nr, p, ldp, vrows, nk, i, 1, dv);
     i += 8;
   }
   for (; i < dv; i++)
@@ -1231,74 +1399,11 @@ KVA__FORCEINLINE void kva__vacc_tile_avx2(const kva_dtype t, float *const *acc, 
     }
 }
 
-/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
-   relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
-   (e^-86.5 is 3e-38: nothing a softmax can see). */
-static inline float kva__exp_sub_sum_avx2(float *x, int n, float m) {
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
-  const __m256 lo = _mm256_set1_ps(-86.5f), hi = _mm256_set1_ps(88.3f);
-  const __m256 c1 = _mm256_set1_ps(1.0f), c2 = _mm256_set1_ps(0.5f);
-  const __m256 c3 = _mm256_set1_ps(1.6666665459e-1f), c4 = _mm256_set1_ps(4.1665795894e-2f);
-  const __m256 c5 = _mm256_set1_ps(8.3334519073e-3f), c6 = _mm256_set1_ps(1.3981999507e-3f);
-  const __m256 c7 = _mm256_set1_ps(1.9875691500e-4f), mv = _mm256_set1_ps(m);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 h;
-  float sum;
-  int i;
-  for (i = 0; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), mv);
-    __m256 under = _mm256_cmp_ps(v, lo, _CMP_LT_OQ);
-    __m256 t, r, r2, poly;
-    __m256i e;
-    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-    t = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_fnmadd_ps(t, ln2_hi, v);
-    r = _mm256_fnmadd_ps(t, ln2_lo, r);
-    r2 = _mm256_mul_ps(r, r);
-    poly = _mm256_fmadd_ps(c7, r, c6);
-    poly = _mm256_fmadd_ps(poly, r, c5);
-    poly = _mm256_fmadd_ps(poly, r, c4);
-    poly = _mm256_fmadd_ps(poly, r, c3);
-    poly = _mm256_fmadd_ps(poly, r, c2);
-    poly = _mm256_fmadd_ps(poly, r2, _mm256_add_ps(r, c1));
-    e = _mm256_slli_epi32(_mm256_cvtps_epi32(t), 23);
-    poly = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(poly), e));
-    poly = _mm256_andnot_ps(under, poly);
-    _mm256_storeu_ps(x + i, poly);
-    acc = _mm256_add_ps(acc, poly);
-  }
-  h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-  for (; i < n; i++) sum += x[i] = expf(x[i] - m);
-  return sum;
-}
-
-static inline float kva__scale_max_avx2(float *x, int n, float scale) {
-  const __m256 sv = _mm256_set1_ps(scale);
-  __m256 mx = _mm256_set1_ps(-INFINITY);
-  __m128 h;
-  float r;
-  int i;
-  for (i = 0; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
-    _mm256_storeu_ps(x + i, v);
-    mx = _mm256_max_ps(mx, v);
-  }
-  h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  r = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-  for (; i < n; i++) {
-    x[i] *= scale;
-    if (x[i] > r) r = x[i];
-  }
-  return r;
-}
+static inline float kva__exp_sub_sum_avx2(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__AVX2_) }
+static inline float kva__scale_max_avx2(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__AVX2_) }
 
 static inline float kva__dot_f32_avx2(const float *a, const float *b, int n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-  __m128 s;
   float t;
   int i;
   for (i = 0; i + 16 <= n; i += 16) {
@@ -1306,11 +1411,7 @@ static inline float kva__dot_f32_avx2(const float *a, const float *b, int n) {
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  s0 = _mm256_add_ps(s0, s1);
-  s = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  t = _mm_cvtss_f32(s);
+  t = kva__hsum_avx2(_mm256_add_ps(s0, s1));
   for (; i < n; i++) t += a[i] * b[i];
   return t;
 }
@@ -1524,6 +1625,55 @@ KVA__FORCEINLINE void kva__idot_tile_avx2(const kva_dtype t, const kva__qrow *q,
     kva__store_pair_scores_avx2(sc, nr, scores, lds, j, j + 1 < nk);
   }
 }
+
+/* The scalar twin's double operations, four values at a time: the same codes. */
+static inline void kva__i4_encode_avx2(uint8_t *codes, const float *src, int m, float mn, float scale) {
+  int i = 0;
+  if (scale > 0.0f) {
+    const __m256d vmn = _mm256_set1_pd((double)mn), vscale = _mm256_set1_pd((double)scale);
+    for (; i + 4 <= m; i += 4) {
+      __m256d v = _mm256_div_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(src + i)), vmn), vscale);
+      __m128i c;
+      /* (int)(v + 0.5) for v in (0, 15) is its floor; max() maps NaN to 0, min() caps at 15 */
+      v = _mm256_floor_pd(_mm256_add_pd(v, _mm256_set1_pd(0.5)));
+      v = _mm256_min_pd(_mm256_max_pd(v, _mm256_setzero_pd()), _mm256_set1_pd(15.0));
+      c = _mm256_cvtpd_epi32(v);
+      codes[i / 2] = (uint8_t)(_mm_cvtsi128_si32(c) | _mm_extract_epi32(c, 1) << 4);
+      codes[i / 2 + 1] = (uint8_t)(_mm_extract_epi32(c, 2) | _mm_extract_epi32(c, 3) << 4);
+    }
+  }
+  kva__i4_encode_scalar(codes + i / 2, src + i, m - i, mn, scale); /* i is even: the same nibbles */
+}
+
+/* --- rotation --- */
+/* one butterfly stage inside 8 lanes: partner = the lanes swapped at distance h, the
+   lower lane of each pair keeps a + b, the upper (sign bit set in `upper`) gets a - b */
+KVA__FORCEINLINE __m256 kva__fwht8_stage_avx2(__m256 v, __m256 partner, __m256 upper) {
+  return _mm256_blendv_ps(_mm256_add_ps(v, partner), _mm256_sub_ps(partner, v), upper);
+}
+static inline void kva__fwht_avx2(float *x, int n) {
+  const __m256 s = _mm256_set1_ps((float)(1.0 / sqrt((double)n)));
+  int h, i, j;
+  if (n < 8) {
+    kva__fwht_scalar(x, n);
+    return;
+  }
+  for (i = 0; i < n; i += 8) { /* distances 1, 2, 4 inside each vector */
+    __m256 v = _mm256_loadu_ps(x + i);
+    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0xb1), _mm256_setr_ps(0, -1, 0, -1, 0, -1, 0, -1));
+    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0x4e), _mm256_setr_ps(0, 0, -1, -1, 0, 0, -1, -1));
+    v = kva__fwht8_stage_avx2(v, _mm256_permute2f128_ps(v, v, 1), _mm256_setr_ps(0, 0, 0, 0, -1, -1, -1, -1));
+    _mm256_storeu_ps(x + i, v);
+  }
+  for (h = 8; h < n; h *= 2)
+    for (i = 0; i < n; i += 2 * h)
+      for (j = i; j < i + h; j += 8) {
+        __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+        _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+        _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+      }
+  for (i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+}
 #endif /* AVX2 */
 
 #if KVATTN_SIMD == KVA_SIMD_AVX512
@@ -1585,6 +1735,38 @@ KVA__FORCEINLINE __m512 kva__load16_avx512(const kva_dtype t, const void *row, i
     default: return _mm512_maskz_loadu_ps(m, (const float *)row + i);
   }
 }
+
+/* the vector mapping (see KVA__EXP_SUB_SUM): 16 lanes, the last step masked */
+#define KVA__AVX512_F __m512
+#define KVA__AVX512_N 16
+#define KVA__AVX512_MORE(i, n) ((i) < (n))
+#define KVA__AVX512_MASK __mmask16
+#define KVA__AVX512_LANES(i, n) kva__mask16(i, n)
+#define KVA__AVX512_LOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define KVA__AVX512_STORE(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define KVA__AVX512_ROW(t, row, i, m) kva__load16_avx512(t, row, i, m)
+#define KVA__AVX512_ZERO _mm512_setzero_ps()
+#define KVA__AVX512_SET1(x) _mm512_set1_ps(x)
+#define KVA__AVX512_ADD(a, b) _mm512_add_ps(a, b)
+#define KVA__AVX512_SUB(a, b) _mm512_sub_ps(a, b)
+#define KVA__AVX512_MUL(a, b) _mm512_mul_ps(a, b)
+#define KVA__AVX512_MIN(a, b) _mm512_min_ps(a, b)
+#define KVA__AVX512_MAX(a, b) _mm512_max_ps(a, b)
+#define KVA__AVX512_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define KVA__AVX512_FNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define KVA__AVX512_MAX_IN(mx, v, m) _mm512_mask_max_ps(mx, m, mx, v)
+#define KVA__AVX512_HSUM(v) _mm512_reduce_add_ps(v)
+#define KVA__AVX512_HMAX(v) _mm512_reduce_max_ps(v)
+#define KVA__AVX512_ROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define KVA__AVX512_POW2(p, t) \
+  _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_cvtps_epi32(t), 23)))
+#define KVA__AVX512_KEEP_T __mmask16
+#define KVA__AVX512_KEEP(v, lo, m) (_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ) & (m))
+#define KVA__AVX512_KEEP_ONLY(k, p) _mm512_maskz_mov_ps(k, p)
+#define KVA__AVX512_S_T __m512
+#define KVA__AVX512_S(p, k) _mm512_set1_ps((p)[k])
+#define KVA__AVX512_S_ZERO _mm512_setzero_ps()
+#define KVA__AVX512_FMA_S(a, v, s) _mm512_fmadd_ps(s, v, a)
 
 /* Without this, gcc folds each q load into all four FMAs that use it as a
    memory operand: four loads where one does, and the loads bound the kernel. */
@@ -1669,33 +1851,10 @@ KVA__FORCEINLINE void kva__dot_tile_avx512(const kva_dtype t, const float *const
   }
 }
 
-/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4) */
-#define KVA__V512_INIT(r, c) __m512 a##r##c = nr > r && nv > c ? _mm512_maskz_loadu_ps(m##c, acc[r] + i + 16 * c) : z;
-#define KVA__V512_FMA(r, c) if (nr > r && nv > c) a##r##c = _mm512_fmadd_ps(p##r, v##c, a##r##c);
-#define KVA__V512_STORE(r, c) if (nr > r && nv > c) _mm512_mask_storeu_ps(acc[r] + i + 16 * c, m##c, a##r##c);
-
-/* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows: 16 accumulators */
+/* one strip of nv (<= 4) vectors of 16 columns from column i, nr rows */
 KVA__FORCEINLINE void kva__vacc_strip_avx512(const kva_dtype t, float *const *acc, const int nr, const float *p,
-                                             int ldp, const void *const *vrows, int nk, int i, const int nv,
-                                             int dv) {
-  const __m512 z = _mm512_setzero_ps();
-  const __mmask16 m0 = kva__mask16(i, dv), m1 = kva__mask16(i + 16, dv);
-  const __mmask16 m2 = kva__mask16(i + 32, dv), m3 = kva__mask16(i + 48, dv);
-  int j;
-  KVA__EACH_4X4(KVA__V512_INIT)
-  for (j = 0; j < nk; j++) {
-    const void *vr = vrows[j];
-    __m512 v0 = kva__load16_avx512(t, vr, i, m0);
-    __m512 v1 = nv > 1 ? kva__load16_avx512(t, vr, i + 16, m1) : z;
-    __m512 v2 = nv > 2 ? kva__load16_avx512(t, vr, i + 32, m2) : z;
-    __m512 v3 = nv > 3 ? kva__load16_avx512(t, vr, i + 48, m3) : z;
-    __m512 p0 = _mm512_set1_ps(p[j]);
-    __m512 p1 = nr > 1 ? _mm512_set1_ps(p[ldp + j]) : z;
-    __m512 p2 = nr > 2 ? _mm512_set1_ps(p[2 * ldp + j]) : z;
-    __m512 p3 = nr > 3 ? _mm512_set1_ps(p[3 * ldp + j]) : z;
-    KVA__EACH_4X4(KVA__V512_FMA)
-  }
-  KVA__EACH_4X4(KVA__V512_STORE)
+                                             int ldp, const void *const *vrows, int nk, int i, const int nv, int dv) {
+  KVA__VACC_STRIP(KVA__AVX512_)
 }
 KVA__FORCEINLINE void kva__vacc_tile_avx512(const kva_dtype t, float *const *acc, const int nr, const float *p,
                                             int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
@@ -1785,58 +1944,8 @@ KVA__FORCEINLINE void kva__wdot_tile_avx512(const kva_dtype t, const float *cons
                       kva__wdot_rows_avx512);
 }
 
-/* The AVX2 exp, 16 lanes at a time. */
-static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) {
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-  const __m512 lo = _mm512_set1_ps(-86.5f), hi = _mm512_set1_ps(88.3f);
-  const __m512 c1 = _mm512_set1_ps(1.0f), c2 = _mm512_set1_ps(0.5f);
-  const __m512 c3 = _mm512_set1_ps(1.6666665459e-1f), c4 = _mm512_set1_ps(4.1665795894e-2f);
-  const __m512 c5 = _mm512_set1_ps(8.3334519073e-3f), c6 = _mm512_set1_ps(1.3981999507e-3f);
-  const __m512 c7 = _mm512_set1_ps(1.9875691500e-4f), mv = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  int i;
-  for (i = 0; i < n; i += 16) {
-    __mmask16 lanes = kva__mask16(i, n);
-    __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), mv);
-    __mmask16 keep = _mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ) & lanes;
-    __m512 t, r, r2, poly;
-    __m512i e;
-    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-    t = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_fnmadd_ps(t, ln2_hi, v);
-    r = _mm512_fnmadd_ps(t, ln2_lo, r);
-    r2 = _mm512_mul_ps(r, r);
-    poly = _mm512_fmadd_ps(c7, r, c6);
-    poly = _mm512_fmadd_ps(poly, r, c5);
-    poly = _mm512_fmadd_ps(poly, r, c4);
-    poly = _mm512_fmadd_ps(poly, r, c3);
-    poly = _mm512_fmadd_ps(poly, r, c2);
-    poly = _mm512_fmadd_ps(poly, r2, _mm512_add_ps(r, c1));
-    e = _mm512_slli_epi32(_mm512_cvtps_epi32(t), 23);
-    poly = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(poly), e));
-    poly = _mm512_maskz_mov_ps(keep, poly);
-    _mm512_mask_storeu_ps(x + i, lanes, poly);
-    acc = _mm512_add_ps(acc, poly);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-static inline float kva__scale_max_avx512(float *x, int n, float scale) {
-  const __m512 sv = _mm512_set1_ps(scale);
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  int i;
-  for (i = 0; i < n; i += 16) {
-    __mmask16 lanes = kva__mask16(i, n);
-    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, x + i), sv);
-    _mm512_mask_storeu_ps(x + i, lanes, v);
-    mx = _mm512_mask_max_ps(mx, lanes, mx, v);
-  }
-  return _mm512_reduce_max_ps(mx);
-}
-#define kva__dot_f32_avx512 kva__dot_f32_avx2
-#define kva__f32_to_f16_row_avx512 kva__f32_to_f16_row_avx2
-#define kva__fp8_encode_avx512 kva__fp8_encode_avx2
+static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__AVX512_) }
+static inline float kva__scale_max_avx512(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__AVX512_) }
 #endif /* AVX-512 */
 
 #if KVATTN_SIMD == KVA_SIMD_NEON
@@ -1848,7 +1957,6 @@ KVA__FORCEINLINE uint16x4_t kva__neon_u8x4(const void *row, int i) {
   memcpy(&w, (const uint8_t *)row + i, 4);
   return vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))));
 }
-/* 4 elements of a row from element i; FP8 as in kva__load8_avx2 */
 /* 4 INT4 elements from i (a multiple of 4) */
 KVA__FORCEINLINE float32x4_t kva__load4_i4_neon(const void *row, int i) {
   float s, mn;
@@ -1858,6 +1966,7 @@ KVA__FORCEINLINE float32x4_t kva__load4_i4_neon(const void *row, int i) {
   return vaddq_f32(vmulq_f32(vcvtq_f32_u32(vld1q_u32(c)), vdupq_n_f32(s)), vdupq_n_f32(mn));
 }
 
+/* 4 elements of a row from element i; FP8 as in kva__load8_avx2 */
 KVA__FORCEINLINE float32x4_t kva__load4_neon(const kva_dtype t, const void *row, int i) {
   switch (t) {
     case KVA_INT4: return kva__load4_i4_neon(row, i);
@@ -1877,6 +1986,38 @@ KVA__FORCEINLINE float32x4_t kva__load4_neon(const kva_dtype t, const void *row,
     default: return vld1q_f32((const float *)row + i);
   }
 }
+
+/* the vector mapping (see KVA__EXP_SUB_SUM): whole vectors of 4, a scalar tail */
+#define KVA__NEON_F float32x4_t
+#define KVA__NEON_N 4
+#define KVA__NEON_MORE(i, n) ((i) + 4 <= (n))
+#define KVA__NEON_MASK int
+#define KVA__NEON_LANES(i, n) ((void)(n), 0)
+#define KVA__NEON_LOAD(m, p) ((void)(m), vld1q_f32(p))
+#define KVA__NEON_STORE(p, m, v) ((void)(m), vst1q_f32(p, v))
+#define KVA__NEON_ROW(t, row, i, m) ((void)(m), kva__load4_neon(t, row, i))
+#define KVA__NEON_ZERO vdupq_n_f32(0.0f)
+#define KVA__NEON_SET1(x) vdupq_n_f32(x)
+#define KVA__NEON_ADD(a, b) vaddq_f32(a, b)
+#define KVA__NEON_SUB(a, b) vsubq_f32(a, b)
+#define KVA__NEON_MUL(a, b) vmulq_f32(a, b)
+#define KVA__NEON_MIN(a, b) vminq_f32(a, b)
+#define KVA__NEON_MAX(a, b) vmaxq_f32(a, b)
+#define KVA__NEON_FMA(a, b, c) vfmaq_f32(c, a, b)
+#define KVA__NEON_FNMA(a, b, c) vfmsq_f32(c, a, b)
+#define KVA__NEON_MAX_IN(mx, v, m) vmaxq_f32(mx, v)
+#define KVA__NEON_HSUM(v) vaddvq_f32(v)
+#define KVA__NEON_HMAX(v) vmaxvq_f32(v)
+#define KVA__NEON_ROUND(v) vrndnq_f32(v)
+#define KVA__NEON_POW2(p, t) \
+  vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(p), vshlq_n_s32(vcvtq_s32_f32(t), 23)))
+#define KVA__NEON_KEEP_T uint32x4_t /* the lanes below lo, all bits set */
+#define KVA__NEON_KEEP(v, lo, m) vcltq_f32(v, lo)
+#define KVA__NEON_KEEP_ONLY(k, p) vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(p), k))
+#define KVA__NEON_S_T float /* multiplied by element: no broadcast */
+#define KVA__NEON_S(p, k) ((p)[k])
+#define KVA__NEON_S_ZERO 0.0f
+#define KVA__NEON_FMA_S(a, v, s) vfmaq_n_f32(a, v, s)
 
 /* Scores: one key per step against up to four query rows. */
 KVA__FORCEINLINE void kva__dot_tile_neon(const kva_dtype t, const float *const *q, const int nr,
@@ -1915,44 +2056,26 @@ KVA__FORCEINLINE void kva__dot_tile_neon(const kva_dtype t, const float *const *
   }
 }
 
-/* the value kernel's accumulator a<row><vector> (KVA__EACH_4X4); 32 NEON
-   registers hold them, the values and the scalars */
-#define KVA__V128_INIT(r, c) float32x4_t a##r##c = nr > r && nv > c ? vld1q_f32(acc[r] + i + 4 * c) : z;
-#define KVA__V128_FMA(r, c) if (nr > r && nv > c) a##r##c = vfmaq_n_f32(a##r##c, v##c, p##r);
-#define KVA__V128_STORE(r, c) if (nr > r && nv > c) vst1q_f32(acc[r] + i + 4 * c, a##r##c);
-
-/* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows: 16 accumulators */
+/* one strip of nv (<= 4) vectors of 4 columns from column i, nr rows (32 NEON
+   registers hold the accumulators, the values and the scalars) */
 KVA__FORCEINLINE void kva__vacc_strip_neon(const kva_dtype t, float *const *acc, const int nr, const float *p,
-                                           int ldp, const void *const *vrows, int nk, int i, const int nv) {
-  const float32x4_t z = vdupq_n_f32(0.0f);
-  int j;
-  KVA__EACH_4X4(KVA__V128_INIT)
-  for (j = 0; j < nk; j++) {
-    const void *vr = vrows[j];
-    float32x4_t v0 = kva__load4_neon(t, vr, i);
-    float32x4_t v1 = nv > 1 ? kva__load4_neon(t, vr, i + 4) : z;
-    float32x4_t v2 = nv > 2 ? kva__load4_neon(t, vr, i + 8) : z;
-    float32x4_t v3 = nv > 3 ? kva__load4_neon(t, vr, i + 12) : z;
-    float p0 = p[j], p1 = nr > 1 ? p[ldp + j] : 0.0f;
-    float p2 = nr > 2 ? p[2 * ldp + j] : 0.0f, p3 = nr > 3 ? p[3 * ldp + j] : 0.0f;
-    KVA__EACH_4X4(KVA__V128_FMA)
-  }
-  KVA__EACH_4X4(KVA__V128_STORE)
+                                           int ldp, const void *const *vrows, int nk, int i, const int nv, int dv) {
+  KVA__VACC_STRIP(KVA__NEON_)
 }
 KVA__FORCEINLINE void kva__vacc_tile_neon(const kva_dtype t, float *const *acc, const int nr, const float *p,
                                           int ldp, const void *const *vrows, int nk, int dv, float fp8_scale) {
   float pbuf[KVA__NR * KVA__TILE];
   int j, i, r;
   p = kva__scale_probs(t, p, &ldp, nr, vrows, nk, fp8_scale, pbuf);
-  for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 4);
+  for (i = 0; i + 16 <= dv; i += 16) kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 4, dv);
   if (dv - i >= 12) {
-    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 3);
+    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 3, dv);
     i += 12;
   } else if (dv - i >= 8) {
-    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 2);
+    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 2, dv);
     i += 8;
   } else if (dv - i >= 4) {
-    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 1);
+    kva__vacc_strip_neon(t, acc, nr, p, ldp, vrows, nk, i, 1, dv);
     i += 4;
   }
   for (; i < dv; i++)
@@ -1962,61 +2085,8 @@ KVA__FORCEINLINE void kva__vacc_tile_neon(const kva_dtype t, float *const *acc, 
     }
 }
 
-/* Same algorithm as the AVX2 exp (see there). */
-static inline float kva__exp_sub_sum_neon(float *x, int n, float m) {
-  const float32x4_t log2e = vdupq_n_f32(1.44269504088896341f);
-  const float32x4_t ln2_hi = vdupq_n_f32(0.693359375f), ln2_lo = vdupq_n_f32(-2.12194440e-4f);
-  const float32x4_t lo = vdupq_n_f32(-86.5f), hi = vdupq_n_f32(88.3f);
-  const float32x4_t c1 = vdupq_n_f32(1.0f), c2 = vdupq_n_f32(0.5f);
-  const float32x4_t c3 = vdupq_n_f32(1.6666665459e-1f), c4 = vdupq_n_f32(4.1665795894e-2f);
-  const float32x4_t c5 = vdupq_n_f32(8.3334519073e-3f), c6 = vdupq_n_f32(1.3981999507e-3f);
-  const float32x4_t c7 = vdupq_n_f32(1.9875691500e-4f), mv = vdupq_n_f32(m);
-  float32x4_t acc = vdupq_n_f32(0.0f);
-  float sum;
-  int i;
-  for (i = 0; i + 4 <= n; i += 4) {
-    float32x4_t v = vsubq_f32(vld1q_f32(x + i), mv);
-    uint32x4_t under = vcltq_f32(v, lo);
-    float32x4_t t, r, r2, poly;
-    int32x4_t e;
-    v = vminq_f32(vmaxq_f32(v, lo), hi);
-    t = vrndnq_f32(vmulq_f32(v, log2e));
-    r = vfmsq_f32(v, t, ln2_hi);
-    r = vfmsq_f32(r, t, ln2_lo);
-    r2 = vmulq_f32(r, r);
-    poly = vfmaq_f32(c6, c7, r);
-    poly = vfmaq_f32(c5, poly, r);
-    poly = vfmaq_f32(c4, poly, r);
-    poly = vfmaq_f32(c3, poly, r);
-    poly = vfmaq_f32(c2, poly, r);
-    poly = vfmaq_f32(vaddq_f32(r, c1), poly, r2);
-    e = vshlq_n_s32(vcvtq_s32_f32(t), 23);
-    poly = vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(poly), e));
-    poly = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(poly), under));
-    vst1q_f32(x + i, poly);
-    acc = vaddq_f32(acc, poly);
-  }
-  sum = vaddvq_f32(acc);
-  for (; i < n; i++) sum += x[i] = expf(x[i] - m);
-  return sum;
-}
-
-static inline float kva__scale_max_neon(float *x, int n, float scale) {
-  float32x4_t mx = vdupq_n_f32(-INFINITY);
-  float r;
-  int i;
-  for (i = 0; i + 4 <= n; i += 4) {
-    float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), scale);
-    vst1q_f32(x + i, v);
-    mx = vmaxq_f32(mx, v);
-  }
-  r = vmaxvq_f32(mx);
-  for (; i < n; i++) {
-    x[i] *= scale;
-    if (x[i] > r) r = x[i];
-  }
-  return r;
-}
+static inline float kva__exp_sub_sum_neon(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__NEON_) }
+static inline float kva__scale_max_neon(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__NEON_) }
 
 static inline float kva__dot_f32_neon(const float *a, const float *b, int n) {
   float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
@@ -2127,54 +2197,141 @@ KVA__FORCEINLINE void kva__idot_tile_neon(const kva_dtype t, const kva__qrow *q,
     }
   }
 }
+
+/* --- rotation --- */
+/* the same butterflies in 4 lanes: distances 1 and 2 inside each vector, then whole vectors */
+KVA__FORCEINLINE float32x4_t kva__fwht4_stage_neon(float32x4_t v, float32x4_t partner, uint32x4_t upper) {
+  return vbslq_f32(upper, vsubq_f32(partner, v), vaddq_f32(v, partner));
+}
+static inline void kva__fwht_neon(float *x, int n) {
+  static const uint32_t odd[4] = {0, 0xffffffffu, 0, 0xffffffffu}, high[4] = {0, 0, 0xffffffffu, 0xffffffffu};
+  const float32x4_t s = vdupq_n_f32((float)(1.0 / sqrt((double)n)));
+  int h, i, j;
+  if (n < 4) {
+    kva__fwht_scalar(x, n);
+    return;
+  }
+  for (i = 0; i < n; i += 4) {
+    float32x4_t v = vld1q_f32(x + i);
+    v = kva__fwht4_stage_neon(v, vrev64q_f32(v), vld1q_u32(odd));
+    v = kva__fwht4_stage_neon(v, vextq_f32(v, v, 2), vld1q_u32(high));
+    vst1q_f32(x + i, v);
+  }
+  for (h = 4; h < n; h *= 2)
+    for (i = 0; i < n; i += 2 * h)
+      for (j = i; j < i + h; j += 4) {
+        float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + h);
+        vst1q_f32(x + j, vaddq_f32(a, b));
+        vst1q_f32(x + j + h, vsubq_f32(a, b));
+      }
+  for (i = 0; i < n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), s));
+}
 #endif /* NEON */
 
-/* ---- the selected kernels: name##_<isa> ---- */
+/* ---- the kernel table: every kernel the rest of the library calls, per ISA ----
+   Kernels are chosen here and nowhere else (as xxhash.h's dispatch block):
+   each ISA names, for every entry point, its own kernel or, where it has
+   none, the one it falls back to (AVX-512 -> AVX2 -> scalar). Two choices
+   are made inside a kernel, by the compiler's target: the AVX2 integer
+   kernel's byte products (KVA__DPBUSD256: VNNI's vpdpbusd with AVX512-VNNI
+   + VL or AVX-VNNI, else maddubs + madd) and NEON's (kva__sdot_neon: SDOT
+   with the dot-product extension, else widening multiplies and pairwise
+   adds); both give the same integers. A new ISA (SVE, AVX10) adds its
+   kernels in a block above and a block here.
+
+   The entry points (the type dispatchers below wrap the first four):
+     kva__dot_tile_isa    scores of up to four query rows
+     kva__wdot_tile_isa   scores of a pass of KVA__WIDE_ROWS rows and more,
+                          keys along the lanes; KVA__WIDE_ROWS is where it
+                          pays for its transposes (measured: bench speed
+                          --parts prefill), above KVA__MAXROWS where an ISA
+                          has none
+     kva__vacc_tile_isa   probabilities times values, added to the output rows
+     kva__idot_tile_isa   integer scores (kva_attn.int_scores)
+     kva__exp_sub_sum, kva__scale_max, kva__dot_f32          softmax and dot product
+     kva__f32_to_f16_row, kva__fp8_encode, kva__i4_encode    storing rows ([5])
+     kva__fwht            the rotation (kva_cache_desc.rotate, [9])
+   and KVA__ISA_NAME, what kva_simd_name() reports. */
 #if KVATTN_SIMD == KVA_SIMD_AVX512
-#define KVA__ISA avx512
+#define KVA__ISA_NAME "avx512"
+#define kva__dot_tile_isa kva__dot_tile_avx512
+#define kva__wdot_tile_isa kva__wdot_tile_avx512
+#define KVA__WIDE_ROWS 24
+#define kva__vacc_tile_isa kva__vacc_tile_avx512
+#define kva__idot_tile_isa kva__idot_tile_avx2 /* 256-bit, VNNI through VL */
+#define kva__exp_sub_sum kva__exp_sub_sum_avx512
+#define kva__scale_max kva__scale_max_avx512
+#define kva__dot_f32 kva__dot_f32_avx2
+#define kva__f32_to_f16_row kva__f32_to_f16_row_avx2
+#define kva__fp8_encode kva__fp8_encode_avx2
+#define kva__i4_encode kva__i4_encode_avx2
+#define kva__fwht kva__fwht_avx2
 #elif KVATTN_SIMD == KVA_SIMD_AVX2
-#define KVA__ISA avx2
-#elif KVATTN_SIMD == KVA_SIMD_NEON
-#define KVA__ISA neon
+#define KVA__ISA_NAME "avx2"
+#define kva__dot_tile_isa kva__dot_tile_avx2
+#define kva__wdot_tile_isa kva__wdot_tile_scalar /* never runs: */
+#define KVA__WIDE_ROWS (KVA__MAXROWS + 1)        /* no pass is this wide */
+#define kva__vacc_tile_isa kva__vacc_tile_avx2
+#define kva__idot_tile_isa kva__idot_tile_avx2
+#define kva__exp_sub_sum kva__exp_sub_sum_avx2
+#define kva__scale_max kva__scale_max_avx2
+#define kva__dot_f32 kva__dot_f32_avx2
+#define kva__f32_to_f16_row kva__f32_to_f16_row_avx2
+#define kva__fp8_encode kva__fp8_encode_avx2
+#define kva__i4_encode kva__i4_encode_avx2
+#define kva__fwht kva__fwht_avx2
+#elif KVATTN_SIMD == KVA_SIMD_NEON /* with or without the dot-product extension */
+#define KVA__ISA_NAME "neon"
+#define kva__dot_tile_isa kva__dot_tile_neon
+#define kva__wdot_tile_isa kva__wdot_tile_scalar /* never runs: */
+#define KVA__WIDE_ROWS (KVA__MAXROWS + 1)        /* no pass is this wide */
+#define kva__vacc_tile_isa kva__vacc_tile_neon
+#define kva__idot_tile_isa kva__idot_tile_neon /* SDOT, or its widening twin */
+#define kva__exp_sub_sum kva__exp_sub_sum_neon
+#define kva__scale_max kva__scale_max_neon
+#define kva__dot_f32 kva__dot_f32_neon
+#define kva__f32_to_f16_row kva__f32_to_f16_row_neon
+#define kva__fp8_encode kva__fp8_encode_neon
+#define kva__i4_encode kva__i4_encode_scalar
+#define kva__fwht kva__fwht_neon
 #else
-#define KVA__ISA scalar
+#define KVA__ISA_NAME "scalar"
+#define kva__dot_tile_isa kva__dot_tile_scalar
+#define kva__wdot_tile_isa kva__wdot_tile_scalar /* never runs: */
+#define KVA__WIDE_ROWS (KVA__MAXROWS + 1)        /* no pass is this wide */
+#define kva__vacc_tile_isa kva__vacc_tile_scalar
+#define kva__idot_tile_isa kva__idot_tile_scalar
+#define kva__exp_sub_sum kva__exp_sub_sum_scalar
+#define kva__scale_max kva__scale_max_scalar
+#define kva__dot_f32 kva__dot_f32_scalar
+#define kva__f32_to_f16_row kva__f32_to_f16_row_scalar
+#define kva__fp8_encode kva__fp8_encode_scalar
+#define kva__i4_encode kva__i4_encode_scalar
+#define kva__fwht kva__fwht_scalar
 #endif
-#define KVA__CAT3(a, b) a##b
-#define KVA__CAT2(a, b) KVA__CAT3(a, b)
-#define KVA__SEL(stem) KVA__CAT2(stem, KVA__ISA)
+
+KVA_API const char *kva_simd_name(void) { return KVA__ISA_NAME; }
 
 /* The row-count dispatchers: the selected kernel specialised for 1..4 rows. */
 KVA__FORCEINLINE void kva__dot_tile_rows(const kva_dtype t, const float *const *q, int nr, const void *const *krows,
                                          int nk, int d, float *scores, int lds, float fp8_scale,
                                          const kva__next_tile *next) {
   switch (nr) {
-    case 1: KVA__SEL(kva__dot_tile_)(t, q, 1, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case 2: KVA__SEL(kva__dot_tile_)(t, q, 2, krows, nk, d, scores, lds, fp8_scale, next); break;
-    case 3: KVA__SEL(kva__dot_tile_)(t, q, 3, krows, nk, d, scores, lds, fp8_scale, next); break;
-    default: KVA__SEL(kva__dot_tile_)(t, q, 4, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case 1: kva__dot_tile_isa(t, q, 1, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case 2: kva__dot_tile_isa(t, q, 2, krows, nk, d, scores, lds, fp8_scale, next); break;
+    case 3: kva__dot_tile_isa(t, q, 3, krows, nk, d, scores, lds, fp8_scale, next); break;
+    default: kva__dot_tile_isa(t, q, 4, krows, nk, d, scores, lds, fp8_scale, next); break;
   }
 }
 KVA__FORCEINLINE void kva__vacc_tile_rows(const kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
                                           const void *const *vrows, int nk, int dv, float fp8_scale) {
   switch (nr) {
-    case 1: KVA__SEL(kva__vacc_tile_)(t, acc, 1, p, ldp, vrows, nk, dv, fp8_scale); break;
-    case 2: KVA__SEL(kva__vacc_tile_)(t, acc, 2, p, ldp, vrows, nk, dv, fp8_scale); break;
-    case 3: KVA__SEL(kva__vacc_tile_)(t, acc, 3, p, ldp, vrows, nk, dv, fp8_scale); break;
-    default: KVA__SEL(kva__vacc_tile_)(t, acc, 4, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case 1: kva__vacc_tile_isa(t, acc, 1, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case 2: kva__vacc_tile_isa(t, acc, 2, p, ldp, vrows, nk, dv, fp8_scale); break;
+    case 3: kva__vacc_tile_isa(t, acc, 3, p, ldp, vrows, nk, dv, fp8_scale); break;
+    default: kva__vacc_tile_isa(t, acc, 4, p, ldp, vrows, nk, dv, fp8_scale); break;
   }
 }
-
-/* The many-row score kernel (keys along the lanes) where an ISA has one,
-   and the row count of a pass from which it pays for its transposes
-   (measured: bench speed --parts prefill). Elsewhere the four-row kernels
-   serve every pass. */
-#if KVATTN_SIMD == KVA_SIMD_AVX512
-#define kva__wdot_tile_isa kva__wdot_tile_avx512
-#define KVA__WIDE_ROWS 24
-#else
-#define kva__wdot_tile_isa kva__wdot_tile_scalar
-#define KVA__WIDE_ROWS (KVA__MAXROWS + 1)
-#endif
 
 /* One entry point per storage type with the type constant (so a profile
    names the type): kva__dot_tile_f16, kva__vacc_tile_f16, ... */
@@ -2227,14 +2384,6 @@ static inline void kva__vacc_tile(kva_dtype t, float *const *acc, int nr, const 
 }
 
 
-/* Integer scores: AVX-512 builds run the 256-bit kernel (VNNI through VL). */
-#if KVATTN_SIMD == KVA_SIMD_AVX512 || KVATTN_SIMD == KVA_SIMD_AVX2
-#define kva__idot_tile_isa kva__idot_tile_avx2
-#elif KVATTN_SIMD == KVA_SIMD_NEON
-#define kva__idot_tile_isa kva__idot_tile_neon
-#else
-#define kva__idot_tile_isa kva__idot_tile_scalar
-#endif
 KVA__FORCEINLINE void kva__idot_tile_rows(const kva_dtype t, const kva__qrow *q, int nr, const void *const *krows,
                                           int nk, int d, float *scores, int lds, const kva__next_tile *next) {
   switch (nr) {
@@ -2259,15 +2408,9 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
   else kva__idot_tile_i4(q, nr, krows, nk, d, scores, lds, next);
 }
 
-#define kva__exp_sub_sum KVA__SEL(kva__exp_sub_sum_)
-#define kva__scale_max KVA__SEL(kva__scale_max_)
-#define kva__dot_f32 KVA__SEL(kva__dot_f32_)
-#define kva__f32_to_f16_row KVA__SEL(kva__f32_to_f16_row_)
-#define kva__fp8_encode KVA__SEL(kva__fp8_encode_)
-
 /* ======================================================================
-   [5] quantization: FP8 bulk conversions and scale calibration, INT8 rows,
-       storing and loading one cache row
+   [5] quantization: FP8 bulk conversions and scale calibration, INT8 and
+       INT4 rows, storing and loading one cache row
    ====================================================================== */
 /* Bulk FP8 conversions: element for element what kva_f32_to_e4m3 (and the
    others) give, the encoders vectorised (they are the cache's store path). */
@@ -2425,33 +2568,7 @@ static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
     if (mn > mx) mn = mx = 0.0f;
     scale = (float)(((double)mx - (double)mn) / 15.0); /* in double: the range may overflow float */
     memset(codes, 0, (size_t)(m + 1) / 2);
-    i = 0;
-#if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
-    if (scale > 0.0f) { /* the same double operations, four values at a time: the same codes */
-      const __m256d vmn = _mm256_set1_pd((double)mn), vscale = _mm256_set1_pd((double)scale);
-      for (; i + 4 <= m; i += 4) {
-        __m256d v = _mm256_div_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(src + g0 + i)), vmn), vscale);
-        /* (int)(v + 0.5) for v in (0, 15) is its floor; max() maps NaN to 0, min() caps at 15 */
-        v = _mm256_floor_pd(_mm256_add_pd(v, _mm256_set1_pd(0.5)));
-        v = _mm256_min_pd(_mm256_max_pd(v, _mm256_setzero_pd()), _mm256_set1_pd(15.0));
-        {
-          __m128i c = _mm256_cvtpd_epi32(v);
-          codes[i / 2] = (uint8_t)(_mm_cvtsi128_si32(c) | _mm_extract_epi32(c, 1) << 4);
-          codes[i / 2 + 1] = (uint8_t)(_mm_extract_epi32(c, 2) | _mm_extract_epi32(c, 3) << 4);
-        }
-      }
-    }
-#endif
-    for (; i < m; i++) {
-      /* divided, not multiplied by a reciprocal, so that a value half-way
-         between two codes rounds up as the rule says; a constant group
-         (scale 0) keeps +Inf at the top code */
-      double x = (double)src[g0 + i], v = scale > 0.0f ? (x - (double)mn) / (double)scale : x == (double)INFINITY ? 15.0 : 0.0;
-      int c;
-      if (!(v == v)) v = 0.0;
-      c = v >= 15.0 ? 15 : v <= 0.0 ? 0 : (int)(v + 0.5);
-      codes[i / 2] = (uint8_t)(codes[i / 2] | c << (4 * (i & 1)));
-    }
+    kva__i4_encode(codes, src + g0, m, mn, scale);
     memcpy(dst, &scale, sizeof scale);
     memcpy(dst + 4, &mn, sizeof mn);
   }
@@ -2767,10 +2884,6 @@ static inline void kva__scores_tile(const kva__attn_params *P, const kva__kv_vie
   }
 }
 
-/* Rows [row0, row0+nrows) of KV head g (row t: query t / R, head g*R + t % R)
-   over keys [kv0, kv1). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
-   with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
-   partial result). Query i sits at q_pos[i], or at q_base + i when q_pos is NULL. */
 /* H2O's bookkeeping after a pass over keys kv0..kv1 of KV head g: each
    key's final probability (the pass's m and l), summed over the rows in row
    order, is added to its slot's score. The scores are recomputed tile by
@@ -2834,15 +2947,50 @@ static inline void kva__rows_shift(const void **dst, const void *const *rows, in
   for (j = 0; j < n; j++) dst[j] = (const unsigned char *)rows[j] + step;
 }
 
-/* Rows [row0, row0+nrows) of each of the ng KV heads g .. g+ng-1 over keys
-   [kv0, kv1) (ng > 1 only where every head's key j sits at the same
+/* One pass of the attention core: query rows [row0, row0 + nrows) of each
+   of the KV heads g .. g+ng-1 over keys [kv0, kv1) (row t: query t / R,
+   head g*R + t % R). q [n_q][H][D], out [n_q][H][DV], lse NULL or [n_q][H];
+   with `compact`, out is [nrows][DV] and lse [nrows] instead (a split's
+   partial result). Query i sits at q_pos[i], or at q_base + i when q_pos
+   is NULL. The functions below hand it on, changing the rows, the heads or
+   where results go. */
+typedef struct {
+  const kva__attn_params *P;
+  const kva__kv_view *w;
+  const float *q;
+  const int32_t *q_pos;
+  int32_t q_base;
+  int kv0, kv1, g, ng, row0, nrows;
+  float *out, *lse;
+  int compact;
+} kva__pass;
+/* What a call's passes share; each pass then sets its keys, heads, rows and outputs. */
+static inline kva__pass kva__pass_base(const kva__attn_params *P, const kva__kv_view *w, const float *q,
+                                       const int32_t *q_pos, int32_t q_base) {
+  kva__pass ps;
+  memset(&ps, 0, sizeof ps);
+  ps.P = P, ps.w = w, ps.q = q, ps.q_pos = q_pos, ps.q_base = q_base;
+  return ps;
+}
+/* The rows [row0, row0 + nrows) of KV heads g .. g+ng-1 of a pass over keys [kv0, kv1). */
+static inline void kva__pass_rows(kva__pass *ps, int kv0, int kv1, int g, int ng, int row0, int nrows) {
+  ps->kv0 = kv0, ps->kv1 = kv1, ps->g = g, ps->ng = ng, ps->row0 = row0, ps->nrows = nrows;
+}
+
+/* The pass's rows of each of its ng KV heads (ng > 1 only where every head's key j sits at the same
    position and no H2O scores are kept: see kva__attend_all). The walk is tile by tile, and each tile serves every
    head of the group before the next, so a paged walk reads each block's
    head slices one after another instead of leaving every 4 KiB slice for
    another block; each head's arithmetic is that of a pass of its own. */
-static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                         int ng, const float *q, const int32_t *q_pos, int32_t q_base, int row0,
-                                         int nrows, float *out, float *lse, int compact, const kva__qrow *iq) {
+static inline void kva__attend_rows_with(const kva__pass *ps, const kva__qrow *iq) {
+  const kva__attn_params *P = ps->P;
+  const kva__kv_view *w = ps->w;
+  const float *q = ps->q;
+  const int32_t *q_pos = ps->q_pos;
+  const int32_t q_base = ps->q_base;
+  const int kv0 = ps->kv0, kv1 = ps->kv1, g = ps->g, ng = ps->ng, row0 = ps->row0, nrows = ps->nrows;
+  float *out = ps->out, *lse = ps->lse;
+  const int compact = ps->compact;
   float scores[KVA__MAXROWS * KVA__TILE];
   float m[KVA__MAXROWS], l[KVA__MAXROWS], slope[KVA__MAXROWS];
   const float *qr[KVA__MAXROWS];
@@ -2963,39 +3111,44 @@ static inline void kva__attend_rows_with(const kva__attn_params *P, const kva__k
 /* kva__attend_rows_with for integer scores: the rows' query codes live on
    the stack, so rows pass in groups that fit KVA__IQ_STACK_BYTES (a head
    group whose rows do not all fit passes head by head). */
-static inline void kva__attend_rows_int(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g,
-                                        int ng, const float *q, const int32_t *q_pos, int32_t q_base, int row0,
-                                        int nrows, float *out, float *lse, int compact) {
+static inline void kva__attend_rows_int(const kva__pass *ps) {
+  const kva__attn_params *P = ps->P;
   int32_t mem[KVA__IQ_STACK_BYTES / sizeof(int32_t)];
   kva__qrow iq[KVA__MAXROWS];
   size_t row_bytes = kva__qrow_bytes(P->D);
   int per = (int)(sizeof mem / row_bytes), t0, t, hh;
   if (per > KVA__MAXROWS) per = KVA__MAXROWS;
-  if (ng > 1 && ng * nrows > per) { /* the group's codes do not fit: head by head */
-    for (hh = 0; hh < ng; hh++)
-      kva__attend_rows_int(P, w, kv0, kv1, g + hh, 1, q, q_pos, q_base, row0, nrows, out, lse, compact);
+  if (ps->ng > 1 && ps->ng * ps->nrows > per) { /* the group's codes do not fit: head by head */
+    for (hh = 0; hh < ps->ng; hh++) {
+      kva__pass one = *ps;
+      one.g = ps->g + hh;
+      one.ng = 1;
+      kva__attend_rows_int(&one);
+    }
     return;
   }
-  for (t0 = 0; t0 < ng * nrows; t0 += per) { /* a group passes at once; one head, in parts that fit */
-    int n = ng * nrows - t0 < per ? ng * nrows - t0 : per;
+  for (t0 = 0; t0 < ps->ng * ps->nrows; t0 += per) { /* a group passes at once; one head, in parts that fit */
+    int n = ps->ng * ps->nrows - t0 < per ? ps->ng * ps->nrows - t0 : per;
+    kva__pass part = *ps;
     for (t = 0; t < n; t++) {
-      int row = row0 + (t0 + t) % nrows, i = row / P->R, h = (g + (t0 + t) / nrows) * P->R + row % P->R;
-      kva__quantize_query(q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, w->kt,
+      int row = ps->row0 + (t0 + t) % ps->nrows, i = row / P->R, h = (ps->g + (t0 + t) / ps->nrows) * P->R + row % P->R;
+      kva__quantize_query(ps->q + (size_t)i * P->q_stride + (size_t)h * (size_t)P->D, P->D, ps->w->kt,
                           (char *)mem + (size_t)t * row_bytes, &iq[t]);
     }
-    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0 + t0, ng > 1 ? nrows : n,
-                          compact ? out + (size_t)t0 * (size_t)P->DV : out, compact && lse ? lse + t0 : lse, compact, iq);
+    part.row0 = ps->row0 + t0;
+    part.nrows = ps->ng > 1 ? ps->nrows : n;
+    if (ps->compact) {
+      part.out = ps->out + (size_t)t0 * (size_t)P->DV;
+      part.lse = ps->lse ? ps->lse + t0 : NULL;
+    }
+    kva__attend_rows_with(&part, iq);
   }
 }
 
-/* Rows [row0, row0+nrows) of KV heads g .. g+ng-1 over keys [kv0, kv1), float or integer scores. */
-static inline void kva__attend_rows(const kva__attn_params *P, const kva__kv_view *w, int kv0, int kv1, int g, int ng,
-                                    const float *q, const int32_t *q_pos, int32_t q_base, int row0, int nrows,
-                                    float *out, float *lse, int compact) {
-  if (P->int_scores && kva__int_scored(w->kt) && P->D <= KVA__IQ_MAX_D)
-    kva__attend_rows_int(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact);
-  else
-    kva__attend_rows_with(P, w, kv0, kv1, g, ng, q, q_pos, q_base, row0, nrows, out, lse, compact, NULL);
+/* The pass, with float or integer scores. */
+static inline void kva__attend_rows(const kva__pass *ps) {
+  if (ps->P->int_scores && kva__int_scored(ps->w->kt) && ps->P->D <= KVA__IQ_MAX_D) kva__attend_rows_int(ps);
+  else kva__attend_rows_with(ps, NULL);
 }
 
 /* Combine S normalised partial results of one row over disjoint key sets
@@ -3121,6 +3274,7 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
   int S = kva__kv_splits(items, n_kv, w->key_scores != NULL);
   int item_rows = rows < KVA__MAXROWS ? rows : KVA__MAXROWS;
   size_t part = (size_t)item_rows * ((size_t)P->DV + 1); /* one unit's partial rows, then their lse */
+  const kva__pass base = kva__pass_base(P, w, q, q_pos, q_base);
   float *taken = NULL;
   size_t taken_bytes = (size_t)items * (size_t)S * part * sizeof(float);
   if (S > 1 && (size_t)items * (size_t)S * part > scratch_floats) {
@@ -3133,10 +3287,13 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     KVA__OMP_FOR(ntu)
     for (u = 0; u < units; u++) {
       int c0 = (u / S % chunks) * KVA__MAXROWS, kv0, kv1;
-      float *po = scratch + (size_t)u * part;
+      kva__pass ps = base;
       kva__split_range(n_kv, S, u % S, &kv0, &kv1);
-      kva__attend_rows(P, w, kv0, kv1, u / S / chunks, 1, q, q_pos, q_base, c0,
-                       rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS, po, po + (size_t)item_rows * (size_t)P->DV, 1);
+      kva__pass_rows(&ps, kv0, kv1, u / S / chunks, 1, c0, rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS);
+      ps.out = scratch + (size_t)u * part;
+      ps.lse = ps.out + (size_t)item_rows * (size_t)P->DV;
+      ps.compact = 1;
+      kva__attend_rows(&ps);
     }
     if (nt > items) nt = items;
     KVA__OMP_FOR(nt)
@@ -3160,7 +3317,10 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     KVA__OMP_FOR(nt)
     for (it = 0; it < groups; it++) {
       int g0 = it * ng;
-      kva__attend_rows(P, w, 0, n_kv, g0, P->G - g0 < ng ? P->G - g0 : ng, q, q_pos, q_base, 0, rows, out, lse, 0);
+      kva__pass ps = base;
+      kva__pass_rows(&ps, 0, n_kv, g0, P->G - g0 < ng ? P->G - g0 : ng, 0, rows);
+      ps.out = out, ps.lse = lse;
+      kva__attend_rows(&ps);
     }
     return;
   }
@@ -3169,8 +3329,10 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
     int g = it / (chunks / per_item), k;
     for (k = 0; k < per_item; k++) {
       int c0 = ((it % (chunks / per_item)) * per_item + k) * KVA__MAXROWS;
-      int nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
-      kva__attend_rows(P, w, 0, n_kv, g, 1, q, q_pos, q_base, c0, nrows, out, lse, 0);
+      kva__pass ps = base;
+      kva__pass_rows(&ps, 0, n_kv, g, 1, c0, rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS);
+      ps.out = out, ps.lse = lse;
+      kva__attend_rows(&ps);
     }
   }
 }
@@ -3362,7 +3524,10 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
 }
 
 /* ======================================================================
-   [8] paged KV cache: block pool, sequences, eviction, prefix caching
+   [8] paged KV cache: the cache and its layout, slots, the prefix hash
+       table, the groups' pools, unpublishing, the block pool, sequences,
+       eviction, growing and cutting sequences, prefix caching, sequence
+       streams (export / import)
    One pool per layer, indexed by block id; inside a layer's block:
      K [kv_head][slot][head_dim] | V [kv_head][slot][v_dim]
    (LATENT: only K; V is the first v_dim values of each K row).
@@ -3372,6 +3537,7 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
    addresses every layer. Everything is allocated once, at create.
    ====================================================================== */
 
+/* --- the cache: its records, shape and layout, create and destroy --- */
 
 typedef struct {
   int gen;          /* the id is gen * max_seqs + index; bumped on free */
@@ -3855,6 +4021,8 @@ KVA_API void kva_cache_destroy(kva_cache *c) {
   else KVATTN_FREE(c->raw);
 }
 
+/* --- slots: where a sequence's token sits, layer by layer --- */
+
 static inline int kva__blocks_for(const kva_cache *c, long tokens) { return (int)((tokens + c->bs - 1) / c->bs); }
 
 /* The block ids layer l finds sequence s's tokens under: the main table, or
@@ -3999,6 +4167,9 @@ static inline int32_t kva__span_take(kva__span *sp) {
 }
 static inline long kva__span_avail(const kva__span *sp) { return (long)sp->n_free + sp->n_spare; }
 
+/* --- unpublishing: a block leaves the prefix table (and every group's pool
+   forgets it); the block pool and prefix caching below call it --- */
+
 static inline void kva__unpublish_one(kva_cache *c, int32_t b) {
   kva__block *k = &c->blk[b];
   int32_t *link = &c->buckets[k->hash & c->bucket_mask];
@@ -4111,6 +4282,9 @@ static inline void kva__copy_on_write(kva_cache *c, kva__seq *s, int i) {
   c->cow_copies++;
 }
 
+/* --- a sequence's blocks in the groups' pools: copy on write, what a
+   position still sees, release --- */
+
 /* Sequence s's i-th block of span w, made its own (the group has one to spare). */
 static inline void kva__span_copy_on_write(kva_cache *c, kva__seq *s, int w, int i) {
   kva__span *sp = &c->spans[w];
@@ -4168,6 +4342,8 @@ static inline void kva__spans_drop_from(kva_cache *c, kva__seq *s, int from) {
     if (s->span_from[w] > from) s->span_from[w] = from > sinks ? from : sinks;
   }
 }
+
+/* --- prefix expiry (kva_cache_desc.prefix_max_age) --- */
 
 /* Forget cached blocks unused for prefix_max_age appends (LRU order = age order). */
 static inline void kva__prefix_expire(kva_cache *c) {
@@ -4404,6 +4580,8 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) 
   if (e->kind == KVA_EVICT_NONE) memset(&s->evict_next, 0, sizeof s->evict_next);
   return KVA_OK;
 }
+
+/* --- growing and cutting sequences: append, fork, truncate, accept, fits --- */
 
 /* Make room for n_tokens more tokens at the next positions: all or nothing.
    Plan: evict (policy), copy shared blocks that eviction compacts or H2O
@@ -5180,89 +5358,11 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
 }
 
 /* ======================================================================
-   [9] cache store / attend / read, batched attention
+   [9] cache store / attend / read (rotation first), batched attention
    ====================================================================== */
 
 /* --- rotation (kva_cache_desc.rotate) --- */
 
-/* x (n a power of two) times the Hadamard matrix scaled by 1/sqrt(n): the
-   butterflies (a, b) -> (a + b, a - b) at distances 1, 2, 4, ..., then the
-   scale. Every butterfly is the same two float operations whatever the
-   order, so the vector version below gives these bits. */
-static inline void kva__fwht_scalar(float *x, int n) {
-  float s = (float)(1.0 / sqrt((double)n));
-  int h, i, j;
-  for (h = 1; h < n; h *= 2)
-    for (i = 0; i < n; i += 2 * h)
-      for (j = i; j < i + h; j++) {
-        float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-  for (i = 0; i < n; i++) x[i] *= s;
-}
-#if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512
-/* one butterfly stage inside 8 lanes: partner = the lanes swapped at distance h, the
-   lower lane of each pair keeps a + b, the upper (sign bit set in `upper`) gets a - b */
-KVA__FORCEINLINE __m256 kva__fwht8_stage_avx2(__m256 v, __m256 partner, __m256 upper) {
-  return _mm256_blendv_ps(_mm256_add_ps(v, partner), _mm256_sub_ps(partner, v), upper);
-}
-static inline void kva__fwht_avx2(float *x, int n) {
-  const __m256 s = _mm256_set1_ps((float)(1.0 / sqrt((double)n)));
-  int h, i, j;
-  if (n < 8) {
-    kva__fwht_scalar(x, n);
-    return;
-  }
-  for (i = 0; i < n; i += 8) { /* distances 1, 2, 4 inside each vector */
-    __m256 v = _mm256_loadu_ps(x + i);
-    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0xb1), _mm256_setr_ps(0, -1, 0, -1, 0, -1, 0, -1));
-    v = kva__fwht8_stage_avx2(v, _mm256_permute_ps(v, 0x4e), _mm256_setr_ps(0, 0, -1, -1, 0, 0, -1, -1));
-    v = kva__fwht8_stage_avx2(v, _mm256_permute2f128_ps(v, v, 1), _mm256_setr_ps(0, 0, 0, 0, -1, -1, -1, -1));
-    _mm256_storeu_ps(x + i, v);
-  }
-  for (h = 8; h < n; h *= 2)
-    for (i = 0; i < n; i += 2 * h)
-      for (j = i; j < i + h; j += 8) {
-        __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
-        _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
-        _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
-      }
-  for (i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
-}
-#define kva__fwht kva__fwht_avx2
-#elif KVATTN_SIMD == KVA_SIMD_NEON
-/* the same butterflies in 4 lanes: distances 1 and 2 inside each vector, then whole vectors */
-KVA__FORCEINLINE float32x4_t kva__fwht4_stage_neon(float32x4_t v, float32x4_t partner, uint32x4_t upper) {
-  return vbslq_f32(upper, vsubq_f32(partner, v), vaddq_f32(v, partner));
-}
-static inline void kva__fwht_neon(float *x, int n) {
-  static const uint32_t odd[4] = {0, 0xffffffffu, 0, 0xffffffffu}, high[4] = {0, 0, 0xffffffffu, 0xffffffffu};
-  const float32x4_t s = vdupq_n_f32((float)(1.0 / sqrt((double)n)));
-  int h, i, j;
-  if (n < 4) {
-    kva__fwht_scalar(x, n);
-    return;
-  }
-  for (i = 0; i < n; i += 4) {
-    float32x4_t v = vld1q_f32(x + i);
-    v = kva__fwht4_stage_neon(v, vrev64q_f32(v), vld1q_u32(odd));
-    v = kva__fwht4_stage_neon(v, vextq_f32(v, v, 2), vld1q_u32(high));
-    vst1q_f32(x + i, v);
-  }
-  for (h = 4; h < n; h *= 2)
-    for (i = 0; i < n; i += 2 * h)
-      for (j = i; j < i + h; j += 4) {
-        float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + h);
-        vst1q_f32(x + j, vaddq_f32(a, b));
-        vst1q_f32(x + j + h, vsubq_f32(a, b));
-      }
-  for (i = 0; i < n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), s));
-}
-#define kva__fwht kva__fwht_neon
-#else
-#define kva__fwht kva__fwht_scalar
-#endif
 /* A row of n values in the rotated basis and back (the transform is its own
    inverse): whole for a power of two up to 1024, else per group of 32. */
 static inline void kva__rotate_row(float *x, int n) {
@@ -5425,8 +5525,6 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
     w->key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
 }
 
-/* Attention of the newest n_q tokens (q [n_q][n_heads][head_dim]) over the
-   sequence's cached keys of `layer`, reading the blocks in place. */
 /* kva_attend_cache, and with lse non-NULL also each row's log-sum-exp [n_q][n_heads] */
 KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                         float *out, float *lse) {
@@ -5475,6 +5573,8 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   return KVA_OK;
 }
 
+/* Attention of the newest n_q tokens (q [n_q][n_heads][head_dim]) over the
+   sequence's cached keys of `layer`, reading the blocks in place. */
 KVA_API kva_status kva_attend_cache(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                     float *out) {
   return kva_attend_cache_lse(c, seq, layer, a, q, n_q, out, NULL);
@@ -5744,16 +5844,19 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
     const float *qs = b->q + (size_t)b->q_row[un->seq] * P->q_stride;
     float *os = b->out + (size_t)b->q_row[un->seq] * P->o_stride;
     float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
-    int32_t q_base = (int32_t)(b->pos[un->seq] - b->n_q[un->seq]);
+    kva__pass ps = kva__pass_base(P, &b->views[un->seq], qs, NULL, (int32_t)(b->pos[un->seq] - b->n_q[un->seq]));
     for (k = 0; k < un->n_chunks; k++) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
+      kva__pass_rows(&ps, un->kv0, un->kv1, un->g, 1, c0, nrows);
       if (un->part < 0) {
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, 1, qs, NULL, q_base, c0, nrows, os, ls, 0);
+        ps.out = os, ps.lse = ls;
+        kva__attend_rows(&ps);
         if (b->rotate & KVA_ROTATE_V) kva__rotate_item(P, os, un->g, c0, nrows); /* back from V's basis */
       } else {
-        float *po = b->parts + (size_t)un->part * part;
-        kva__attend_rows(P, &b->views[un->seq], un->kv0, un->kv1, un->g, 1, qs, NULL, q_base, c0, nrows, po,
-                         po + (size_t)KVA__MAXROWS * (size_t)P->DV, 1);
+        ps.out = b->parts + (size_t)un->part * part;
+        ps.lse = ps.out + (size_t)KVA__MAXROWS * (size_t)P->DV;
+        ps.compact = 1;
+        kva__attend_rows(&ps);
       }
     }
   }
@@ -5854,8 +5957,6 @@ static inline void kva__linear(const float *x, int n, int n_in, const float *w, 
   }
 }
 
-/* Project, RoPE at the absolute positions, store, attend causally over the
-   cache, project out. Call kva_seq_append(c, seq, n_tokens) first. */
 /* Temporaries of a layer forward: the caller's workspace when it is large
    enough, else the cache's allocator (alloc_fn, or KVATTN_MALLOC), so an
    engine that gives either sees every byte the call uses. */
@@ -5881,6 +5982,8 @@ KVA_API size_t kva_gqa_workspace_bytes(const kva_gqa_layer *L, int n_tokens) {
   return (2 * n * hd + 2 * n * gd) * sizeof(float) + n * sizeof(int32_t);
 }
 
+/* Project, RoPE at the absolute positions, store, attend causally over the
+   cache, project out. Call kva_seq_append(c, seq, n_tokens) first. */
 KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq, int layer, const float *x,
                                    int n_tokens, float *y) {
   kva__attn_params P;

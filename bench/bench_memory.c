@@ -218,7 +218,7 @@ void memory_curve(const opts *o, int show) {
           row *w = rows_add(&t, "memcurve");
           rs(w, C_MODEL, "%s", ms[mi]->name);
           rs(w, C_VARIANT, "%s", variant_name[var]);
-          rs(w, C_DTYPE, "%s", dtype_str(all_dtypes[di]));
+          rs(w, C_DTYPE, "%s", kva_dtype_name(all_dtypes[di]));
           rn(w, C_CTX, (double)ctx);
           rn(w, C_BPT, (double)bpt);
           rn(w, C_BYTESCTX, (double)bpt * (double)held);
@@ -277,7 +277,7 @@ static void memory_rows(const opts *o, rows *t) {
           row *w = rows_add(t, "memory");
           rs(w, C_MODEL, "%s", mo->name);
           rs(w, C_VARIANT, "%s%s", variant_name[var], var == mo->native ? "*" : "");
-          rs(w, C_DTYPE, "%s", dtype_str(dt));
+          rs(w, C_DTYPE, "%s", kva_dtype_name(dt));
           rn(w, C_LAYERS, mo->L);
           rn(w, C_HEADS, mo->H);
           rn(w, C_KVHEADS, d.n_kv_heads);
@@ -401,7 +401,7 @@ void memory_summary(const opts *o) {
                                                             : r->num[C_HEADDIM]);
       }
       for (k = 0; k < NCOLS; k++)
-        if (!strcmp(r->str[C_DTYPE], dtype_str(cols[k]))) {
+        if (!strcmp(r->str[C_DTYPE], kva_dtype_name(cols[k]))) {
           rn(w, c_bpt[k], r->num[C_BPT]);
           rn(w, c_gb[k], r->num[C_BYTESCTX]);
           if (k == 0) rn(w, C_VSMHA, r->num[C_VSMHA]);

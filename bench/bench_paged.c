@@ -67,7 +67,7 @@ void paged_attn(const opts *o, const machine *m) {
         kva_status st;
         /* baselines: one block holding the whole sequence (each head's tokens contiguous),
            and for f32 plain arrays through kva_attend */
-        progress("paged %s %s ctx=%ld: contiguous baseline", variant_name[s.var], dtype_str(dt), ctx);
+        progress("paged %s %s ctx=%ld: contiguous baseline", variant_name[s.var], kva_dtype_name(dt), ctx);
         memset(base, 0, sizeof base);
         memset(arr, 0, sizeof arr);
         st = build_cache(&s, dt, ctx, 1, (int)ctx, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
@@ -109,7 +109,7 @@ void paged_attn(const opts *o, const machine *m) {
           for (lay = 0; lay < 2; lay++) {
             int bs = (int)o->bs[bi];
             if (bs > ctx) continue;
-            progress("paged %s %s ctx=%ld block=%d %s: filling", variant_name[s.var], dtype_str(dt), ctx, bs,
+            progress("paged %s %s ctx=%ld block=%d %s: filling", variant_name[s.var], kva_dtype_name(dt), ctx, bs,
                      lay ? "scattered" : "in order");
             st = build_cache(&s, dt, ctx, 1, bs, lay, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
             for (ti = 0; ti < o->n_threads; ti++)
@@ -130,7 +130,7 @@ void paged_attn(const opts *o, const machine *m) {
                   g_failed = 1;
                   continue;
                 }
-                progress("paged %s %s ctx=%ld block=%d %s threads=%ld %s", variant_name[s.var], dtype_str(dt), ctx, bs,
+                progress("paged %s %s ctx=%ld block=%d %s threads=%ld %s", variant_name[s.var], kva_dtype_name(dt), ctx, bs,
                          lay ? "scattered" : "in order", o->threads[ti], mode == 0 ? "cold" : "warm");
                 memset(&x, 0, sizeof x);
                 x.c = c; x.seq = seq; x.a = shape_attn(&s, (int)o->threads[ti]); x.q = q; x.n_q = 1; x.out = out;

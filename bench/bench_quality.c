@@ -144,7 +144,7 @@ void quality_dtypes(const opts *o, const machine *m) {
           errstat e = {0, 0, 0}, e64 = {0, 0, 0};
           row *w;
           if (di >= 0 && dt == KVA_F32) continue;
-          progress("quality %s %s ctx=%ld: %s%s", variant_name[s.var], pat_name[pi], n, dtype_str(dt),
+          progress("quality %s %s ctx=%ld: %s%s", variant_name[s.var], pat_name[pi], n, kva_dtype_name(dt),
                    rot ? " rotated K" : "");
           /* FP8 scale: vLLM's "calculate" rule, max|k|/200 and max|v|/100 */
           g_build_rotate = rot ? KVA_ROTATE_K : 0;
@@ -152,7 +152,7 @@ void quality_dtypes(const opts *o, const machine *m) {
           g_build_rotate = 0;
           w = rows_add(&t, "quality");
           set_shape_cols(w, &s, dt);
-          if (rot) rs(w, C_DTYPE, "%s rotK", dtype_str(dt));
+          if (rot) rs(w, C_DTYPE, "%s rotK", kva_dtype_name(dt));
           rs(w, C_PATTERN, "%s", pat_name[pi]);
           rn(w, C_CTX, (double)n);
           rn(w, C_NQ, T);
@@ -251,7 +251,7 @@ void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_sc
     rel[di] = -1;
     if (st != KVA_OK) continue;
     kva_attn ai = a;
-    progress("accuracy: %s%s%s", dtype_str(dts[di]), int_scores && int_scores[di] ? "+iq" : "",
+    progress("accuracy: %s%s%s", kva_dtype_name(dts[di]), int_scores && int_scores[di] ? "+iq" : "",
              rotate && rotate[di] ? " rot" : "");
     c = NULL;
     ai.int_scores = int_scores ? int_scores[di] : 0;
@@ -278,7 +278,7 @@ void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_sc
   progress_end();
   for (di = 0; di < n_dt; di++)
     if (rel[di] < 0) {
-      fprintf(stderr, "kvattn_bench: accuracy of %s: %s\n", dtype_str(dts[di]),
+      fprintf(stderr, "kvattn_bench: accuracy of %s: %s\n", kva_dtype_name(dts[di]),
               st != KVA_OK ? kva_status_str(st) : "the cache or the decode call failed");
       g_failed = 1;
     }
@@ -367,7 +367,7 @@ void quality_calib(const opts *o, const machine *m) {
         if (ru != CAL_NONE) cs = kva_fp8_calibrate(fmt, x, nx, rule, &scale[te][ru]);
         if (cs != KVA_OK || !(scale[te][ru] > 0)) {
           row *w = rows_add(&t, "calib");
-          rs(w, C_DTYPE, "%s", dtype_str(fmt));
+          rs(w, C_DTYPE, "%s", kva_dtype_name(fmt));
           rs(w, C_NOTE, "ERROR kva_fp8_calibrate: %s (scale %g)", kva_status_str(cs), scale[te][ru]);
           g_failed = 1;
           scale[te][ru] = 1.0f;
@@ -383,7 +383,7 @@ void quality_calib(const opts *o, const machine *m) {
         float ks = te == TEN_V ? 1.0f : scale[0][ru], vs = te == TEN_K ? 1.0f : scale[1][ru];
         errstat e = {0, 0, 0};
         size_t z;
-        progress("quality calib: %s %s %s", dtype_str(fmt), ten_name[te],
+        progress("quality calib: %s %s %s", kva_dtype_name(fmt), ten_name[te],
                  ru == CAL_NONE ? "1.0" : ru == CAL_ABSMAX ? "absmax" : ru == CAL_VLLM ? "vllm" : "mse");
         set_shape_cols(w, &s, fmt);
         rs(w, C_PATTERN, "outlier-K");
@@ -602,7 +602,7 @@ void quality_scales(const opts *o, const machine *m) {
       double mean, worst;
       float lo, hi;
       kva_status rs_st;
-      progress("quality scales: %s %s", dtype_str(fmts[fi]), how_name[how]);
+      progress("quality scales: %s %s", kva_dtype_name(fmts[fi]), how_name[how]);
       set_shape_cols(w, &s, fmts[fi]);
       rs(w, C_RULE, "%s", how_name[how]);
       rn(w, C_CTX, (double)n);

@@ -441,7 +441,7 @@ void quality_model(const opts *o, const machine *m) {
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_STORE;
       q->co.k_dtype = q->co.v_dtype = plain[i];
-      snprintf(q->name, sizeof q->name, "%s", dtype_str(plain[i]));
+      snprintf(q->name, sizeof q->name, "%s", kva_dtype_name(plain[i]));
     }
     for (i = 0; i < 8; i++) { /* per format: scale 1, one calibrated scale, per layer, per layer and head */
       qm_cfg *q = &cf[n_cfg++];
@@ -460,7 +460,7 @@ void quality_model(const opts *o, const machine *m) {
         q->co.head_k_scale = hcal + (size_t)(fi * 2) * (size_t)L * (size_t)md.c.n_kv_heads;
         q->co.head_v_scale = hcal + (size_t)(fi * 2 + 1) * (size_t)L * (size_t)md.c.n_kv_heads;
       }
-      snprintf(q->name, sizeof q->name, "%s %s", dtype_str(f), how_name[how]);
+      snprintf(q->name, sizeof q->name, "%s %s", kva_dtype_name(f), how_name[how]);
     }
     for (i = 0; i < 3 && n_edge > 0; i++) { /* f16 edge layers + int8, fp8 (calibrated), int4 */
       qm_cfg *q = &cf[n_cfg++];
@@ -473,28 +473,28 @@ void quality_model(const opts *o, const machine *m) {
       if (i == 1) q->co.k_scale = cal[0][0], q->co.v_scale = cal[0][1];
       if (n_edge == 1) snprintf(edges, sizeof edges, "L0,L%d", L - 1);
       else snprintf(edges, sizeof edges, "L0-%d,L%d-%d", n_edge - 1, L - n_edge, L - 1);
-      snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, dtype_str(mid), i == 1 ? " cal." : "");
+      snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, kva_dtype_name(mid), i == 1 ? " cal." : "");
     }
     for (i = 0; i < 2; i++) { /* int8 and int4 with rotated keys (kva_cache_desc.rotate) */
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_STORE;
       q->co.k_dtype = q->co.v_dtype = i ? KVA_INT4 : KVA_INT8;
       q->co.rotate = KVA_ROTATE_K;
-      snprintf(q->name, sizeof q->name, "%s rotated K", dtype_str(q->co.k_dtype));
+      snprintf(q->name, sizeof q->name, "%s rotated K", kva_dtype_name(q->co.k_dtype));
     }
     for (i = 0; i < 2; i++) { /* int8 and int4 with integer scores (kva_attn.int_scores) */
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_STORE;
       q->co.k_dtype = q->co.v_dtype = i ? KVA_INT4 : KVA_INT8;
       q->int_scores = 1;
-      snprintf(q->name, sizeof q->name, "%s int. scores", dtype_str(q->co.k_dtype));
+      snprintf(q->name, sizeof q->name, "%s int. scores", kva_dtype_name(q->co.k_dtype));
     }
     for (i = 0; i < 2; i++) { /* K against V: which one int4 hurts more (the other int8) */
       qm_cfg *q = &cf[n_cfg++];
       q->kind = QK_KV;
       q->co.k_dtype = i ? KVA_INT4 : KVA_INT8;
       q->co.v_dtype = i ? KVA_INT8 : KVA_INT4;
-      snprintf(q->name, sizeof q->name, "K %s, V %s", dtype_str(q->co.k_dtype), dtype_str(q->co.v_dtype));
+      snprintf(q->name, sizeof q->name, "K %s, V %s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
     }
     for (i = 0; i < 3; i++)
       for (j = 0; j < o->n_budgets && n_cfg < QM_MAXCFG; j++) {
@@ -602,8 +602,8 @@ void quality_model(const opts *o, const machine *m) {
       rn(r, C_HEADDIM, md.c.head_dim);
       rn(r, C_CTX, W);
       rn(r, C_THREADS, threads);
-      if (q->kind == QK_KV) rs(r, C_DTYPE, "%s/%s", dtype_str(q->co.k_dtype), dtype_str(q->co.v_dtype));
-      else rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : dtype_str(q->co.k_dtype));
+      if (q->kind == QK_KV) rs(r, C_DTYPE, "%s/%s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
+      else rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : kva_dtype_name(q->co.k_dtype));
       rn(r, C_BPT, (double)q->bpt);
       if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0)) {
         rn(r, C_KSCALE, q->co.k_scale);

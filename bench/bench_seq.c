@@ -223,7 +223,7 @@ void paged_export(const opts *o, const machine *m) {
       rn(w[op], C_THREADS, 1);
       rn(w[op], C_BPT, (double)bpt);
     }
-    progress("paged export %s evict %s: filling %ld tokens x %d layers", dtype_str(dts[ci]),
+    progress("paged export %s evict %s: filling %ld tokens x %d layers", kva_dtype_name(dts[ci]),
              evs[ci] == KVA_EVICT_SUPPORT_ALL ? "ALL" : "NONE", tokens, n_layers);
     if ((st = kva_cache_create(&d, &j.src)) != KVA_OK || (st = kva_cache_create(&d, &j.dst)) != KVA_OK ||
         (st = kva_seq_new(j.src, &j.seq)) != KVA_OK || (st = seq_fill(j.src, j.seq, &s, n_layers, tokens, &rng)) != KVA_OK ||
@@ -233,7 +233,7 @@ void paged_export(const opts *o, const machine *m) {
     }
     j.buf = (unsigned char *)xalloc(j.size);
     j.copy = (unsigned char *)xalloc(j.size);
-    progress("paged export %s evict %s: timing (%.0f MiB stream)", dtype_str(dts[ci]),
+    progress("paged export %s evict %s: timing (%.0f MiB stream)", kva_dtype_name(dts[ci]),
              evs[ci] == KVA_EVICT_SUPPORT_ALL ? "ALL" : "NONE", (double)j.size / MiB);
     xtime(&j, o->reps, tm);
     for (op = 0; op < NXO; op++)
@@ -241,7 +241,7 @@ void paged_export(const opts *o, const machine *m) {
         snprintf(msg, sizeof msg, "ERROR %s: %s", xo_name[op], kva_status_str(tm[op].st));
         goto done;
       }
-    progress("paged export %s evict %s: checking the import", dtype_str(dts[ci]),
+    progress("paged export %s evict %s: checking the import", kva_dtype_name(dts[ci]),
              evs[ci] == KVA_EVICT_SUPPORT_ALL ? "ALL" : "NONE");
     ok = xcheck(&j, &s, n_layers, &rng, msg, sizeof msg);
     for (op = 0; op < NXO; op++) {

@@ -30,7 +30,7 @@ void run_decode(const opts *o, const machine *m, rows *t) {
         int seq;
         kva_status st;
         float *q = rand_floats((size_t)s.H * (size_t)s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
-        progress("decode %s %s ctx=%ld: filling the cache", variant_name[s.var], dtype_str(dt), ctx);
+        progress("decode %s %s ctx=%ld: filling the cache", variant_name[s.var], kva_dtype_name(dt), ctx);
         st = build_cache(&s, dt, ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
         for (ti = 0; ti < o->n_threads; ti++)
           for (mode = 0; mode < 2; mode++) {
@@ -50,7 +50,7 @@ void run_decode(const opts *o, const machine *m, rows *t) {
               if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
               continue;
             }
-            progress("decode %s %s ctx=%ld threads=%ld %s", variant_name[s.var], dtype_str(dt), ctx, o->threads[ti],
+            progress("decode %s %s ctx=%ld threads=%ld %s", variant_name[s.var], kva_dtype_name(dt), ctx, o->threads[ti],
                      mode == 0 ? "cold" : "warm");
             memset(&x, 0, sizeof x);
             x.c = c;
@@ -98,7 +98,7 @@ static void run_prefill(const opts *o, const machine *m, rows *t) {
       kva_status st = KVA_OK;
       float *k = NULL, *v = NULL;
       if (src < o->n_dtypes) {
-        progress("prefill %s %s: filling the cache", variant_name[s.var], dtype_str(dt));
+        progress("prefill %s %s: filling the cache", variant_name[s.var], kva_dtype_name(dt));
         st = build_cache(&s, dt, nkv, (int)nq, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c, &seq);
       } else {
         k = rand_floats((size_t)nkv * s.G * s.D, &rng);
@@ -119,7 +119,7 @@ static void run_prefill(const opts *o, const machine *m, rows *t) {
           if (st != KVA_ERR_UNSUPPORTED) g_failed = 1;
           continue;
         }
-        progress("prefill %s %s %s threads=%ld", variant_name[s.var], dtype_str(dt), src < o->n_dtypes ? "cache" : "arrays",
+        progress("prefill %s %s %s threads=%ld", variant_name[s.var], kva_dtype_name(dt), src < o->n_dtypes ? "cache" : "arrays",
                  o->threads[ti]);
         memset(&x, 0, sizeof x);
         x.c = c;
@@ -325,7 +325,7 @@ static void run_sweep(const opts *o, const machine *m) {
     for (vi = 0; vi < so.n_variants; vi++) {
       const char *vn = variant_name[so.variants[vi]];
       for (di = 0; di < so.n_dtypes; di++) {
-        const char *dn = dtype_str(so.dtypes[di]);
+        const char *dn = kva_dtype_name(so.dtypes[di]);
         for (ti = 0; ti < so.n_threads; ti++)
           for (mode = 0; mode < 3; mode++) {
             const char *mn = mode == 0 ? "cold" : mode == 1 ? "warm" : "KV MiB";

@@ -187,14 +187,8 @@ static kva_status build_multi(const shape *s, kva_dtype dt, const int *lens, int
   kva_status st;
   long nb = n;
   int i, left, *done = (int *)xalloc((size_t)n * sizeof(int));
-  memset(&d, 0, sizeof d);
   for (i = 0; i < n; i++) nb += (lens[i] + 15) / 16;
-  d.kind = s->kind;
-  d.n_layers = 1;
-  d.n_kv_heads = s->G;
-  d.head_dim = s->D;
-  d.v_dim = s->kind == KVA_CACHE_LATENT ? s->DV : 0;
-  d.dtype = dt;
+  d = shape_desc(s, 1, dt);
   d.k_scale = d.v_scale = 1.0f;
   d.n_blocks = (int)nb;
   d.max_seqs = n;

@@ -45,7 +45,7 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
     if (int_scores[i] && i > 0 && dts[i - 1] == dts[i] && rotate[i - 1] == rotate[i]) { /* the same cache */
       st[i] = st[i - 1], seq[i] = seq[i - 1];
     } else {
-      progress("decode per dtype: %s%s ctx=%ld, filling the cache", dtype_str(dts[i]), rotate[i] ? " rotated" : "",
+      progress("decode per dtype: %s%s ctx=%ld, filling the cache", kva_dtype_name(dts[i]), rotate[i] ? " rotated" : "",
                ctx);
       g_build_rotate = rotate[i];
       st[i] = build_cache(&s, dts[i], ctx, 1, 16, 0, 1.0f, 1.0f, NULL, NULL, &rng, &c[i], &seq[i]);
@@ -75,7 +75,7 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
       if (dts[idx[j]] == KVA_F16 && tm[j].st == KVA_OK) base = &tm[j];
     }
     set_shape_cols(w, &s, dts[i]);
-    if (int_scores[i]) rs(w, C_DTYPE, "%s+iq%s", dtype_str(dts[i]), rotate[i] ? " rot" : "");
+    if (int_scores[i]) rs(w, C_DTYPE, "%s+iq%s", kva_dtype_name(dts[i]), rotate[i] ? " rot" : "");
     rn(w, C_CTX, (double)ctx);
     rn(w, C_THREADS, 1);
     rs(w, C_MODE, "cold");
@@ -301,7 +301,7 @@ static void print_decode_lines(const rows *t, const opts *o) {
            "  %d query heads of %d (GQA: %d KV heads; MLA: one latent head of %d+%d, absorbed), %ld thread%s,\n"
            "  %s caches, medians. At %s tokens: GB/s of KV read, /BW = over the read bandwidth,\n"
            "  bound = mem or fma (the longer floor)",
-           o->n_dtypes == 1 ? dtype_str(o->dtypes[0]) : "per dtype", o->H, o->D, o->G, 4 * o->D, o->D / 2,
+           o->n_dtypes == 1 ? kva_dtype_name(o->dtypes[0]) : "per dtype", o->H, o->D, o->G, 4 * o->D, o->D / 2,
            o->threads[0], o->threads[0] > 1 ? "s" : "", o->cold ? "cold" : "warm", ctxs);
   print_table(title, v, nv, &d, -1);
   rows_free(&d);
@@ -344,10 +344,10 @@ static void run_rotation_store(const opts *o) {
       kva_cache_destroy(c);
     }
     if (best[0] > 0 && best[1] > 0)
-      printf("%-5s  %14.0f  %16.0f  %15.2f\n", dtype_str(dts[di]), best[0] / n * 1e9, best[1] / n * 1e9,
+      printf("%-5s  %14.0f  %16.0f  %15.2f\n", kva_dtype_name(dts[di]), best[0] / n * 1e9, best[1] / n * 1e9,
              best[1] / best[0]);
     else {
-      printf("%-5s  (failed)\n", dtype_str(dts[di]));
+      printf("%-5s  (failed)\n", kva_dtype_name(dts[di]));
       g_failed = 1;
     }
   }

@@ -55,19 +55,6 @@ double rng_gauss(uint64_t *s) {
   return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
-const char *dtype_str(kva_dtype t) {
-  switch (t) {
-    case KVA_F32: return "f32";
-    case KVA_F16: return "f16";
-    case KVA_BF16: return "bf16";
-    case KVA_INT8: return "int8";
-    case KVA_FP8_E4M3: return "fp8_e4m3";
-    case KVA_FP8_E5M2: return "fp8_e5m2";
-    case KVA_INT4: return "int4";
-    default: return "default";
-  }
-}
-
 int parse_dtype(const char *s, kva_dtype *t) {
   static const struct { const char *n; kva_dtype t; } tab[] = {
       {"f32", KVA_F32}, {"fp32", KVA_F32}, {"f16", KVA_F16}, {"fp16", KVA_F16}, {"bf16", KVA_BF16},
@@ -838,16 +825,23 @@ kva_attn shape_attn(const shape *s, int threads) {
   return a;
 }
 
-/* bytes of one token of one layer in the cache (what one decode call reads per token) */
-size_t shape_bpt(const shape *s, kva_dtype dt) {
+/* a cache of the shape's KV heads (LATENT: its latent vectors) in n_layers
+   layers of type dt; the rest zero (the library's defaults) */
+kva_cache_desc shape_desc(const shape *s, int n_layers, kva_dtype dt) {
   kva_cache_desc d;
   memset(&d, 0, sizeof d);
   d.kind = s->kind;
-  d.n_layers = 1;
+  d.n_layers = n_layers;
   d.n_kv_heads = s->G;
   d.head_dim = s->D;
   d.v_dim = s->kind == KVA_CACHE_LATENT ? s->DV : 0;
   d.dtype = dt;
+  return d;
+}
+
+/* bytes of one token of one layer in the cache (what one decode call reads per token) */
+size_t shape_bpt(const shape *s, kva_dtype dt) {
+  kva_cache_desc d = shape_desc(s, 1, dt);
   return kva_cache_bytes_per_token(&d);
 }
 
@@ -891,15 +885,9 @@ kva_status build_cache_kv(const shape *s, kva_dtype dt, kva_dtype vdt, long ctx,
   long done = 0, nb = (ctx + bs - 1) / bs;
   int seq, helpers = 0, i;
   const long chunk = 256;
-  memset(&d, 0, sizeof d);
-  d.kind = s->kind;
-  d.n_layers = 1;
-  d.n_kv_heads = s->G;
-  d.head_dim = s->D;
-  d.v_dim = s->kind == KVA_CACHE_LATENT ? s->DV : 0;
+  d = shape_desc(s, 1, dt);
   d.block_size = bs;
   d.n_blocks = (int)nb;
-  d.dtype = dt;
   d.v_dtype = vdt;
   d.k_scale = k_scale;
   d.v_scale = v_scale;
@@ -1084,7 +1072,7 @@ void set_roof(row *w, const machine *m, int nt, double kvbytes, double flop, dou
 
 void set_shape_cols(row *w, const shape *s, kva_dtype dt) {
   rs(w, C_VARIANT, "%s", variant_name[s->var]);
-  if (dt != KVA_DTYPE_DEFAULT) rs(w, C_DTYPE, "%s", dtype_str(dt));
+  if (dt != KVA_DTYPE_DEFAULT) rs(w, C_DTYPE, "%s", kva_dtype_name(dt));
   rn(w, C_HEADS, s->H);
   rn(w, C_KVHEADS, s->G);
   rn(w, C_HEADDIM, s->D);

@@ -75,7 +75,6 @@ int max_threads(void);
 uint64_t rng_u64(uint64_t *s); /* splitmix64 */
 double rng_unif(uint64_t *s);
 double rng_gauss(uint64_t *s);
-const char *dtype_str(kva_dtype t);
 int parse_dtype(const char *s, kva_dtype *t);
 void fmt_sep(double v, char *buf, size_t n);        /* 12345678 -> "12,345,678" */
 int parse_size(const char *s, double *out);         /* "80GiB", "512MB", ... */
@@ -314,6 +313,7 @@ typedef struct {
 
 shape variant_shape(int var, int H, int G, int D);
 kva_attn shape_attn(const shape *s, int threads);
+kva_cache_desc shape_desc(const shape *s, int n_layers, kva_dtype dt); /* the shape's heads, the rest 0 */
 size_t shape_bpt(const shape *s, kva_dtype dt); /* bytes of one token of one layer */
 
 void pool_init(uint64_t seed); /* random numbers to fill caches from */

@@ -242,16 +242,6 @@ static void fi_snap_take(const kva_cache *c, fi_snap *s) {
   for (i = 0; i < 64; i++) s->live[i] = (char)(kva_seq_len(c, i) >= 0);
 }
 
-static int fi_stats_eq(const kva_cache_stats *a, const kva_cache_stats *b) {
-  return a->n_blocks == b->n_blocks && a->blocks_used == b->blocks_used && a->blocks_cached == b->blocks_cached &&
-         a->blocks_free == b->blocks_free && a->n_seqs == b->n_seqs && a->block_bytes == b->block_bytes &&
-         a->bytes_total == b->bytes_total && a->bytes_meta == b->bytes_meta &&
-         a->bytes_footprint == b->bytes_footprint && a->tokens_held == b->tokens_held &&
-         a->prefix_queries == b->prefix_queries && a->prefix_hits == b->prefix_hits &&
-         a->token_slots == b->token_slots && a->cow_copies == b->cow_copies &&
-         a->appends_failed == b->appends_failed && a->prefix_forgotten == b->prefix_forgotten;
-}
-
 static int fi_sane(const kva_cache_stats *s) {
   return s->blocks_used >= 0 && s->blocks_cached >= 0 && s->blocks_free >= 0 && s->n_seqs >= 0 &&
          s->blocks_used + s->blocks_cached + s->blocks_free == s->n_blocks && s->tokens_held >= 0;
@@ -276,7 +266,7 @@ static unsigned char *fi_export(kva_cache *c, int seq, size_t *size) {
   st = kva_seq_export(c, seq, buf, need, &wrote);
   FI_CHECK(st == KVA_OK && wrote == need, "export: %s", kva_status_str(st));
   fi_snap_take(c, &b);
-  FI_CHECK(fi_stats_eq(&a.st, &b.st) && memcmp(a.live, b.live, 64) == 0, "export changed the cache");
+  FI_CHECK(kt_stats_equal(&a.st, &b.st, 0) && memcmp(a.live, b.live, 64) == 0, "export changed the cache");
   *size = need;
   return buf;
 }
@@ -320,7 +310,7 @@ static void fi_import(kva_cache *c, const fi_scen *s, int c_bs, int c_support, i
              "import returned %s", kva_status_str(st));
     FI_CHECK(id == -77, "a failed import (%s) wrote *seq", kva_status_str(st));
     fi_snap_take(c, &after);
-    FI_CHECK(fi_stats_eq(&before.st, &after.st) && memcmp(before.live, after.live, 64) == 0,
+    FI_CHECK(kt_stats_equal(&before.st, &after.st, 0) && memcmp(before.live, after.live, 64) == 0,
              "a failed import (%s) changed the cache", kva_status_str(st));
     FI_CHECK(!exact || st == KVA_ERR_FULL || st == KVA_ERR_SEQ_LIMIT || st == KVA_ERR_UNSUPPORTED,
              "an unmutated stream was refused: %s", kva_status_str(st));

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvattn.h" /* after the test file's own configuration of it */
+
 extern int kt_pass, kt_fail, kt_quick;
 extern int kt_fail_prints;        /* failures printed in the current test */
 extern const char *kt_test_name;  /* the current test, for failure lines */
@@ -156,6 +158,29 @@ static inline int kt_all_sentinel(const float *x, size_t n) {
   for (i = 0; i < n; i++)
     if (kt_f2u(x[i]) != kt_f2u(KT_SENTINEL)) return 0;
   return 1;
+}
+
+/* ---- library helpers ---- */
+/* H query heads over G KV heads of D (V: Dv, 0 = D), one thread, the rest default */
+static inline void kt_attn_init(kva_attn *a, int H, int G, int D, int Dv) {
+  memset(a, 0, sizeof *a);
+  a->n_heads = H;
+  a->n_kv_heads = G;
+  a->head_dim = D;
+  a->v_dim = Dv;
+  a->n_threads = 1;
+}
+
+/* Every counter of two caches' stats equal (appends_failed too unless
+   skip_failed), for "a failed call changed nothing" and twin comparisons. */
+static inline int kt_stats_equal(const kva_cache_stats *a, const kva_cache_stats *b, int skip_failed) {
+  return a->n_blocks == b->n_blocks && a->blocks_used == b->blocks_used && a->blocks_cached == b->blocks_cached &&
+         a->blocks_free == b->blocks_free && a->n_seqs == b->n_seqs && a->block_bytes == b->block_bytes &&
+         a->bytes_total == b->bytes_total && a->bytes_meta == b->bytes_meta &&
+         a->bytes_footprint == b->bytes_footprint && a->tokens_held == b->tokens_held &&
+         a->prefix_queries == b->prefix_queries && a->prefix_hits == b->prefix_hits &&
+         a->token_slots == b->token_slots && a->cow_copies == b->cow_copies &&
+         (skip_failed || a->appends_failed == b->appends_failed) && a->prefix_forgotten == b->prefix_forgotten;
 }
 
 #endif /* KVATTN_TEST_HARNESS_H */

@@ -165,14 +165,6 @@ static inline int pm_blocks(const pm_model *m, long tokens) { return (int)((toke
 static inline void pm_stats(const pm_model *m, kva_cache_stats *st) { kva_cache_get_stats(m->c, st); }
 
 /* every field equal (appends_failed too unless skip_failed) */
-static inline int pm_stats_equal(const kva_cache_stats *a, const kva_cache_stats *b, int skip_failed) {
-  return a->n_blocks == b->n_blocks && a->blocks_used == b->blocks_used && a->blocks_cached == b->blocks_cached &&
-         a->blocks_free == b->blocks_free && a->n_seqs == b->n_seqs && a->block_bytes == b->block_bytes &&
-         a->bytes_total == b->bytes_total && a->bytes_meta == b->bytes_meta && a->tokens_held == b->tokens_held &&
-         a->prefix_queries == b->prefix_queries && a->prefix_hits == b->prefix_hits &&
-         a->token_slots == b->token_slots && a->cow_copies == b->cow_copies &&
-         (skip_failed || a->appends_failed == b->appends_failed) && a->prefix_forgotten == b->prefix_forgotten;
-}
 
 /* --- published-key set --- */
 static inline void pm_pub_clear(pm_model *m) {
@@ -490,7 +482,7 @@ static inline void pm_op_new(pm_model *m) {
     pm_stats(m, &a);
     PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_new with max_seqs %d live: %s, want KVA_ERR_SEQ_LIMIT", m->max_seqs,
              kva_status_str(st));
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_new changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "failed kva_seq_new changed the stats");
     return;
   }
   PM_CHECK(st == KVA_OK, "kva_seq_new: %s with %d of %d live", kva_status_str(st), m->n_live, m->max_seqs);
@@ -518,7 +510,7 @@ static inline void pm_do_store(pm_model *m, pm_seq *q, int l, int n, int honest)
   pm_stats(m, &b);
   st = kva_store(m->c, q->id, l, m->kbuf, m->vbuf, n);
   pm_stats(m, &a);
-  PM_CHECK(pm_stats_equal(&a, &b, 0), "kva_store changed the stats");
+  PM_CHECK(kt_stats_equal(&a, &b, 0), "kva_store changed the stats");
   if (n == 0) {
     PM_CHECK(st == KVA_OK, "kva_store(n 0) = %s", kva_status_str(st));
     return;
@@ -568,7 +560,7 @@ static inline void pm_do_append(pm_model *m, pm_seq *q, int n) {
     st = kva_seq_append(m->c, q->id, n);
     PM_CHECK(st == KVA_ERR_ARG, "kva_seq_append(n %d) = %s, want KVA_ERR_ARG", n, kva_status_str(st));
     pm_stats(m, &a);
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "kva_seq_append(negative) changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "kva_seq_append(negative) changed the stats");
     return;
   }
   nmin = n ? pm_blocks(m, (long)q->len + n) - own : 0;
@@ -595,7 +587,7 @@ static inline void pm_do_append(pm_model *m, pm_seq *q, int n) {
   pm_stats(m, &a);
   if (n == 0) {
     PM_CHECK(st == KVA_OK, "kva_seq_append(0) = %s", kva_status_str(st));
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "kva_seq_append(0) changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "kva_seq_append(0) changed the stats");
     return;
   }
   PM_CHECK((st == KVA_OK) == (f == KVA_FITS_NOW), "kva_seq_append(len %d, n %d) = %s but kva_seq_fits said %d",
@@ -604,7 +596,7 @@ static inline void pm_do_append(pm_model *m, pm_seq *q, int n) {
     PM_CHECK(st == KVA_ERR_FULL, "kva_seq_append = %s, want KVA_ERR_FULL", kva_status_str(st));
     m->failed++;
     m->n_full++;
-    PM_CHECK(pm_stats_equal(&a, &b, 1) && a.appends_failed == b.appends_failed + 1,
+    PM_CHECK(kt_stats_equal(&a, &b, 1) && a.appends_failed == b.appends_failed + 1,
              "KVA_ERR_FULL changed the stats (used %d->%d cached %d->%d free %d->%d forgotten %ld->%ld, failed "
              "%ld->%ld)",
              b.blocks_used, a.blocks_used, b.blocks_cached, a.blocks_cached, b.blocks_free, a.blocks_free,
@@ -674,7 +666,7 @@ static inline void pm_op_fork(pm_model *m) {
   pm_stats(m, &a);
   if (m->n_live == m->max_seqs) {
     PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_fork with max_seqs live: %s, want KVA_ERR_SEQ_LIMIT", kva_status_str(st));
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_fork changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "failed kva_seq_fork changed the stats");
     return;
   }
   PM_CHECK(st == KVA_OK, "kva_seq_fork: %s", kva_status_str(st));
@@ -742,7 +734,7 @@ static inline pm_seq *pm_do_new_prefix(pm_model *m, const int32_t *tok, int n, u
   if (m->n_live == m->max_seqs) {
     PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_new_prefix with max_seqs live: %s, want KVA_ERR_SEQ_LIMIT",
              kva_status_str(st));
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_new_prefix changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "failed kva_seq_new_prefix changed the stats");
     return NULL;
   }
   PM_CHECK(st == KVA_OK, "kva_seq_new_prefix: %s", kva_status_str(st));
@@ -833,7 +825,7 @@ static inline void pm_op_publish(pm_model *m) {
       pm_stats(m, &a);
       PM_CHECK(st == KVA_ERR_NOT_STORED, "kva_seq_publish(%d of %d) over slot %d, unstored in a layer = %s", n,
                q->len, sp, kva_status_str(st));
-      PM_CHECK(pm_stats_equal(&a, &b, 0), "refused kva_seq_publish changed the stats");
+      PM_CHECK(kt_stats_equal(&a, &b, 0), "refused kva_seq_publish changed the stats");
       return;
     }
   }
@@ -849,7 +841,7 @@ static inline void pm_op_publish(pm_model *m) {
   if (n > q->len) {
     PM_CHECK(st == KVA_ERR_ARG, "kva_seq_publish(%d tokens of %d) = %s, want KVA_ERR_ARG", n, q->len,
              kva_status_str(st));
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_publish changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "failed kva_seq_publish changed the stats");
     return;
   }
   PM_CHECK(st == KVA_OK, "kva_seq_publish(%d of %d) = %s", n, q->len, kva_status_str(st));
@@ -900,7 +892,7 @@ static inline void pm_op_truncate(pm_model *m) {
   if (n < 0 || n > q->len) {
     PM_CHECK(st == KVA_ERR_ARG, "kva_seq_truncate(%d of %d) = %s, want KVA_ERR_ARG", n, q->len,
              kva_status_str(st));
-    PM_CHECK(pm_stats_equal(&a, &b, 0), "failed kva_seq_truncate changed the stats");
+    PM_CHECK(kt_stats_equal(&a, &b, 0), "failed kva_seq_truncate changed the stats");
     return;
   }
   PM_CHECK(st == KVA_OK, "kva_seq_truncate(%d of %d) = %s", n, q->len, kva_status_str(st));
@@ -1032,7 +1024,7 @@ static inline void pm_op_stale(pm_model *m) {
   PM_CHECK(kva_seq_fork(m->c, id, &out) == KVA_ERR_SEQ && out == -5, "stale id %d: fork", id);
   PM_CHECK(kva_seq_free(m->c, id) == KVA_ERR_SEQ, "stale id %d: free", id);
   pm_stats(m, &a);
-  PM_CHECK(pm_stats_equal(&a, &b, 0), "calls with stale id %d changed the stats", id);
+  PM_CHECK(kt_stats_equal(&a, &b, 0), "calls with stale id %d changed the stats", id);
 }
 
 static inline void pm_op_read_bad(pm_model *m) {
@@ -1059,7 +1051,7 @@ static inline void pm_op_fits(pm_model *m) {
   pm_stats(m, &b);
   f = kva_seq_fits(m->c, q->id, n, &need);
   pm_stats(m, &a);
-  PM_CHECK(pm_stats_equal(&a, &b, 0), "kva_seq_fits changed the stats");
+  PM_CHECK(kt_stats_equal(&a, &b, 0), "kva_seq_fits changed the stats");
   own = pm_blocks(m, q->len);
   nmin = n ? pm_blocks(m, (long)q->len + n) - own : 0;
   PM_CHECK(need >= nmin && need <= nmin + 1, "fits: blocks_needed %d, want %d (+1)", need, nmin);

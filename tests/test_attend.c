@@ -17,20 +17,7 @@
  * Also: decode (n_q == 1) must never call KVATTN_MALLOC (docs/API.md), so this
  * file counts KVATTN_MALLOC/KVATTN_FREE calls; larger calls must free what
  * they take. */
-#include <stdlib.h>
-
-static long kt_attend_mallocs, kt_attend_frees;
-static void *kt_counting_malloc(size_t n) {
-  kt_attend_mallocs++;
-  return malloc(n);
-}
-static void kt_counting_free(void *p) {
-  if (p) kt_attend_frees++;
-  free(p);
-}
-#define KVATTN_MALLOC(n) kt_counting_malloc(n)
-#define KVATTN_FREE(p) kt_counting_free(p)
-
+#include "count_alloc.h"
 #include "kvattn.h"
 #include "harness.h"
 #include "ref.h"
@@ -85,18 +72,18 @@ static void run_case(kt_rng *r, const att_case *tc, const float *q_in, const flo
   memcpy(q0, q, nq * sizeof(float));
   memcpy(k0, k, nk * sizeof(float));
   memcpy(v0, v, nv * sizeof(float));
-  m0 = kt_attend_mallocs;
-  f0 = kt_attend_frees;
+  m0 = kt_mallocs;
+  f0 = kt_frees;
   st = kva_attend(a, q, tc->n_q, tc->q_pos, k, v, tc->n_kv, tc->kv_pos, out,
                   tc->want_lse ? lse : NULL);
   KT_CHECK(st == KVA_OK, "%s: kva_attend returned %d (H=%d G=%d D=%d Dv=%d n_q=%d n_kv=%d)",
            tc->label, (int)st, c.H, c.G, c.D, c.Dv, tc->n_q, tc->n_kv);
   if (tc->n_q == 1)
-    KT_CHECK(kt_attend_mallocs == m0, "%s: decode (n_q == 1) called KVATTN_MALLOC %ld times",
-             tc->label, kt_attend_mallocs - m0);
-  KT_CHECK(kt_attend_mallocs - m0 == kt_attend_frees - f0,
-           "%s: kva_attend took %ld blocks and freed %ld", tc->label, kt_attend_mallocs - m0,
-           kt_attend_frees - f0);
+    KT_CHECK(kt_mallocs == m0, "%s: decode (n_q == 1) called KVATTN_MALLOC %ld times",
+             tc->label, kt_mallocs - m0);
+  KT_CHECK(kt_mallocs - m0 == kt_frees - f0,
+           "%s: kva_attend took %ld blocks and freed %ld", tc->label, kt_mallocs - m0,
+           kt_frees - f0);
   KT_CHECK(kt_all_sentinel(out + no, GUARD), "%s: wrote past the end of out", tc->label);
   KT_CHECK(kt_all_sentinel(lse + nl, GUARD), "%s: wrote past the end of lse", tc->label);
   if (!tc->want_lse) KT_CHECK(kt_all_sentinel(lse, nl), "%s: lse NULL but written?", tc->label);
@@ -172,15 +159,6 @@ static void run_case(kt_rng *r, const att_case *tc, const float *q_in, const flo
   free(rl);
 }
 
-static void attn_init(kva_attn *a, int H, int G, int D, int Dv) {
-  memset(a, 0, sizeof *a);
-  a->n_heads = H;
-  a->n_kv_heads = G;
-  a->head_dim = D;
-  a->v_dim = Dv;
-  a->n_threads = 1;
-}
-
 /* ---- hand-computed cases: they check the reference as much as the library */
 static void test_hand(void) {
   kt_rng r;
@@ -195,7 +173,7 @@ static void test_hand(void) {
   /* scores 0 and ln 3 -> p = 1/4, 3/4 -> out = 4, lse = ln 4 */
   k[0] = 0.0f;
   k[1] = (float)log(3.0);
-  attn_init(&a, 1, 1, 1, 0);
+  kt_attn_init(&a, 1, 1, 1, 0);
   a.scale = 1.0f;
   KT_STATUS(kva_attend(&a, q, 1, NULL, k, v, 2, NULL, out, lse), KVA_OK);
   KT_NEAR(out[0], 4.0, 1e-5);
@@ -212,7 +190,7 @@ static void test_hand(void) {
     float q4[4] = {1, 1, 1, 1}, k4[8] = {1, 1, 1, 1, 0, 0, 0, 0}, v4[8] = {1, 0, 0, 0, 0, 1, 0, 0};
     float o4[4], l4[1];
     double p = exp(2.0) / (exp(2.0) + 1.0);
-    attn_init(&a, 1, 1, 4, 0);
+    kt_attn_init(&a, 1, 1, 4, 0);
     KT_STATUS(kva_attend(&a, q4, 1, NULL, k4, v4, 2, NULL, o4, l4), KVA_OK);
     KT_NEAR(o4[0], p, 1e-6);
     KT_NEAR(o4[1], 1.0 - p, 1e-6);
@@ -231,7 +209,7 @@ static void test_hand(void) {
     vk[j] = kt_uniform(&r, -1, 1);
     vv[j] = (float)j;
   }
-  attn_init(&a, 1, 1, 1, 0);
+  kt_attn_init(&a, 1, 1, 1, 0);
   a.window = 3;
   KT_STATUS(kva_attend(&a, vq, 1, NULL, vk, vv, 10, NULL, vo, NULL), KVA_OK);
   KT_NEAR(vo[0], 8.0, 1e-5);
@@ -271,7 +249,7 @@ static void test_stability(void) {
   kt_begin("attend: large scores (stability)");
   kt_seed(&r, 77);
   memset(&tc, 0, sizeof tc);
-  attn_init(&tc.a, 2, 1, 4, 4);
+  kt_attn_init(&tc.a, 2, 1, 4, 4);
   tc.a.scale = 1.0f;
   /* exact scores: q = (s, 0, 0, 0) per head, k_j = (j - 32, 0, 0, 0) */
   memset(q, 0, 8 * sizeof(float));
@@ -300,7 +278,7 @@ static void test_stability(void) {
   KT_CHECK(fabs(lse[0] / 1e30 - 1.0) < 1e-5, "lse at 1e30 scores: %g", (double)lse[0]);
   /* softcap keeps them bounded: cap 50 -> scores in (-50, 50), exact ref */
   memset(&tc, 0, sizeof tc);
-  attn_init(&tc.a, 2, 1, 4, 4);
+  kt_attn_init(&tc.a, 2, 1, 4, 4);
   tc.a.scale = 1.0f;
   tc.a.softcap = 50.0f;
   tc.n_q = 1;
@@ -325,7 +303,7 @@ static void test_invisible(void) {
   kt_begin("attend: queries that see no key");
   kt_seed(&r, 5);
   memset(&tc, 0, sizeof tc);
-  attn_init(&tc.a, 2, 1, 3, 0);
+  kt_attn_init(&tc.a, 2, 1, 3, 0);
   tc.n_q = 3;
   tc.n_kv = 6;
   tc.q_pos = qp;
@@ -379,7 +357,7 @@ static void test_random_shapes(void) {
     float sinks[16];
     double budget;
     memset(&tc, 0, sizeof tc);
-    attn_init(&tc.a, H, G, D, (Dv == D && kt_int(&r, 0, 1)) ? 0 : Dv);
+    kt_attn_init(&tc.a, H, G, D, (Dv == D && kt_int(&r, 0, 1)) ? 0 : Dv);
     switch (kt_int(&r, 0, 5)) {
       case 0: n_kv = kt_int(&r, 0, 2); break;
       case 1: n_kv = kt_int(&r, 3, 40); break;
@@ -460,7 +438,7 @@ static void test_typical(void) {
   kt_begin("attend: typical prefill/decode shapes");
   kt_seed(&r, 31337);
   memset(&tc, 0, sizeof tc);
-  attn_init(&tc.a, 8, 2, 128, 0);
+  kt_attn_init(&tc.a, 8, 2, 128, 0);
   tc.n_q = kt_quick ? 16 : 64;
   tc.n_kv = kt_quick ? 160 : 600;
   tc.want_lse = 1;
@@ -475,14 +453,14 @@ static void test_typical(void) {
   tc.a.n_sink = 4;
   tc.label = "decode GQA window 100 sink 4";
   run_case(&r, &tc, NULL, NULL, NULL);
-  attn_init(&tc.a, 16, 1, 64, 0);
+  kt_attn_init(&tc.a, 16, 1, 64, 0);
   tc.a.window = 0;
   tc.a.n_sink = 0;
   tc.n_q = kt_quick ? 8 : 37;
   tc.n_kv = kt_quick ? 100 : 401;
   tc.label = "MQA 16/1 D64 chunk";
   run_case(&r, &tc, NULL, NULL, NULL);
-  attn_init(&tc.a, 4, 4, 100, 36);
+  kt_attn_init(&tc.a, 4, 4, 100, 36);
   tc.label = "MHA D100 Dv36";
   run_case(&r, &tc, NULL, NULL, NULL);
   tc.n_q = tc.n_kv;
@@ -501,7 +479,7 @@ static void test_bad_args(void) {
   kt_fill(&r, q, sizeof q / sizeof q[0], -1, 1);
   kt_fill(&r, k, sizeof k / sizeof k[0], -1, 1);
   kt_fill(&r, v, sizeof v / sizeof v[0], -1, 1);
-  attn_init(&base, 4, 2, 8, 0);
+  kt_attn_init(&base, 4, 2, 8, 0);
 #define BAD(call, what)                                                                \
   do {                                                                                 \
     kva_status st_;                                                                    \

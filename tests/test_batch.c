@@ -44,18 +44,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static long kb_mallocs, kb_frees;
-static void *kb_counting_malloc(size_t n) {
-  kb_mallocs++;
-  return malloc(n);
-}
-static void kb_counting_free(void *p) {
-  if (p) kb_frees++;
-  free(p);
-}
-#define KVATTN_MALLOC(n) kb_counting_malloc(n)
-#define KVATTN_FREE(p) kb_counting_free(p)
-
+#include "count_alloc.h"
 #include "kvattn.h"
 #include "harness.h"
 #include "ref.h"
@@ -68,15 +57,6 @@ static void kb_counting_free(void *p) {
 
 static double kb_worst_out, kb_worst_lse, kb_worst_merge_out, kb_worst_merge_lse, kb_worst_pair;
 static long kb_n_split_cases, kb_n_bitident, kb_n_tolcmp, kb_n_neg_inf_rows;
-
-static void kb_attn_init(kva_attn *a, int H, int G, int D, int Dv) {
-  memset(a, 0, sizeof *a);
-  a->n_heads = H;
-  a->n_kv_heads = G;
-  a->head_dim = D;
-  a->v_dim = Dv;
-  a->n_threads = 1;
-}
 
 static int kb_cdiv(int a, int b) { return (a + b - 1) / b; }
 
@@ -194,7 +174,7 @@ static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
   kva_status st;
   char shape[256];
 
-  kb_attn_init(&a, H, G, D, tc->v_dim0 && Dv == D ? 0 : Dv);
+  kt_attn_init(&a, H, G, D, tc->v_dim0 && Dv == D ? 0 : Dv);
   a.window = tc->window;
   a.n_sink = tc->n_sink;
   a.softcap = tc->softcap;
@@ -239,15 +219,15 @@ static void kb_split_run(kt_rng *r, const kb_split_case *tc) {
           (double)tc->softcap, (double)tc->scale, tc->want_lse);
   kt_fill_sentinel(o1, no + KB_GUARD);
   kt_fill_sentinel(l1, nl + KB_GUARD);
-  m0 = kb_mallocs;
-  f0 = kb_frees;
+  m0 = kt_mallocs;
+  f0 = kt_frees;
   st = kva_attend(&a, q, n_q, qp, k, v, n_kv, kp, o1, tc->want_lse ? l1 : NULL);
   KT_CHECK(st == KVA_OK, "kva_attend returned %d (%s)", (int)st, shape);
   if (n_q == 1)
-    KT_CHECK(kb_mallocs == m0, "decode (n_q == 1) called KVATTN_MALLOC %ld times; docs/API.md: decode never "
-             "allocates (%s)", kb_mallocs - m0, shape);
-  KT_CHECK(kb_mallocs - m0 == kb_frees - f0, "kva_attend took %ld blocks, freed %ld (%s)", kb_mallocs - m0,
-           kb_frees - f0, shape);
+    KT_CHECK(kt_mallocs == m0, "decode (n_q == 1) called KVATTN_MALLOC %ld times; docs/API.md: decode never "
+             "allocates (%s)", kt_mallocs - m0, shape);
+  KT_CHECK(kt_mallocs - m0 == kt_frees - f0, "kva_attend took %ld blocks, freed %ld (%s)", kt_mallocs - m0,
+           kt_frees - f0, shape);
   KT_CHECK(kt_all_sentinel(o1 + no, KB_GUARD) && kt_all_sentinel(l1 + nl, KB_GUARD),
            "wrote past out / lse (%s)", shape);
   if (!tc->want_lse) KT_CHECK(kt_all_sentinel(l1, nl), "lse NULL but written (%s)", shape);
@@ -614,7 +594,7 @@ static void kb_split_cache_case(kt_rng *r, kva_dtype dt, int G, int R, int D, in
     float *q = KT_ALLOC(float, nq), *o1 = KT_ALLOC(float, no + KB_GUARD), *o2 = KT_ALLOC(float, no + KB_GUARD);
     float *l2 = KT_ALLOC(float, (size_t)n_q * H + KB_GUARD);
     long m0;
-    kb_attn_init(&a, H, G, D, d.v_dim);
+    kt_attn_init(&a, H, G, D, d.v_dim);
     switch (variant) {
       case 1:
         a.window = kt_int(r, 50, len / 2);
@@ -631,12 +611,12 @@ static void kb_split_cache_case(kt_rng *r, kva_dtype dt, int G, int R, int D, in
             kb_dt_name(dt), G, H, D, Dv, bs, len, n_q, a.window, a.n_sink, (double)a.softcap);
     kt_fill(r, q, nq, -1.0f, 1.0f);
     kt_fill_sentinel(o1, no + KB_GUARD);
-    m0 = kb_mallocs;
+    m0 = kt_mallocs;
     st = kva_attend_cache(c, seq, 0, &a, q, n_q, o1);
     KT_CHECK(st == KVA_OK, "kva_attend_cache = %d (%s)", (int)st, shape);
     if (n_q == 1)
-      KT_CHECK(kb_mallocs == m0, "cache decode called KVATTN_MALLOC %ld times; README: decode never "
-               "allocates (%s)", kb_mallocs - m0, shape);
+      KT_CHECK(kt_mallocs == m0, "cache decode called KVATTN_MALLOC %ld times; README: decode never "
+               "allocates (%s)", kt_mallocs - m0, shape);
     KT_CHECK(kt_all_sentinel(o1 + no, KB_GUARD), "wrote past out (%s)", shape);
     a2 = a;
     a2.n_threads = 2;
@@ -710,7 +690,7 @@ static void kb_merge_partition_case(kt_rng *r, int it) {
   H = G * kt_int(r, 1, 4);
   n_kv = kt_int(r, 0, 9) == 0 ? kt_int(r, 2048, kt_quick ? 2300 : 3200) : kt_int(r, 0, 300);
   if (kt_int(r, 0, 12) == 0) n_kv = kt_int(r, 0, 2);
-  kb_attn_init(&a, H, G, D, Dv);
+  kt_attn_init(&a, H, G, D, Dv);
   if (kt_int(r, 0, 2) == 0) {
     a.window = kt_int(r, 1, n_kv + 2);
     if (kt_int(r, 0, 1)) a.n_sink = kt_int(r, 1, 5);
@@ -913,7 +893,7 @@ static void kb_cascade_case(kt_rng *r, int it) {
   float *kP, *vP, *Q, *oP, *lP;
   int32_t *qpos;
   char shape[256];
-  kb_attn_init(&a, H, G, D, Dv);
+  kt_attn_init(&a, H, G, D, Dv);
   if (kt_int(r, 0, 2) == 0) {
     a.window = kt_int(r, 1, n_p + 100);
     a.n_sink = kt_int(r, 0, 1) ? 0 : kt_int(r, 1, 4);
@@ -1222,7 +1202,7 @@ static void kb_batch_scenario(kt_rng *r, int it) {
          (whole rows per head), so the bit-identity claim below holds either way */
       items += w.h2o[s] ? (nq[i] > 0 ? w.G : 0) : w.G * kb_cdiv(nq[i] * w.R, 64);
     }
-    kb_attn_init(&a, w.H, w.G, w.D, w.v_field);
+    kt_attn_init(&a, w.H, w.G, w.D, w.v_field);
     if (kt_int(r, 0, 3) == 0) {
       a.window = kt_int(r, 1, 3000);
       a.n_sink = kt_int(r, 0, 1) ? 0 : kt_int(r, 1, 6);
@@ -1244,7 +1224,7 @@ static void kb_batch_scenario(kt_rng *r, int it) {
       float *q = KT_ALLOC(float, nqv + 1), *q0 = KT_ALLOC(float, nqv + 1);
       float *o1 = KT_ALLOC(float, no + KB_GUARD), *o2 = KT_ALLOC(float, no + KB_GUARD);
       float *l1 = KT_ALLOC(float, (size_t)rows * w.H + KB_GUARD);
-      long m0 = kb_mallocs;
+      long m0 = kt_mallocs;
       kt_fill(r, q, nqv, -1.0f, 1.0f);
       memcpy(q0, q, sizeof(float) * nqv);
       kt_fill_sentinel(o1, no + KB_GUARD);
@@ -1254,7 +1234,7 @@ static void kb_batch_scenario(kt_rng *r, int it) {
       KT_CHECK(st == KVA_OK, "kva_attend_batch_lse(layer %d) = %d (step %d) (%s)", l, (int)st, step, w.shape);
       KT_CHECK(kt_all_sentinel(l1 + (size_t)rows * w.H, KB_GUARD), "kva_attend_batch_lse wrote past lse (%s)",
                w.shape);
-      KT_CHECK(kb_mallocs == m0, "kva_attend_batch called KVATTN_MALLOC %ld times (%s)", kb_mallocs - m0,
+      KT_CHECK(kt_mallocs == m0, "kva_attend_batch called KVATTN_MALLOC %ld times (%s)", kt_mallocs - m0,
                w.shape);
       KT_CHECK(kt_all_sentinel(o1 + no, KB_GUARD), "kva_attend_batch wrote past out (%s)", w.shape);
       KT_CHECK(kt_same_bits(q, q0, nqv), "kva_attend_batch modified q (%s)", w.shape);
@@ -1386,7 +1366,7 @@ static void test_batch_pieces(void) {
   kt_begin("batch: a plan run in pieces (kva_batch_prepare / run_units / run_merges)");
   kt_seed(&r, 0x91EC);
   c = kb_small_cache(&r, 1, 2, 24, 24, KVA_F16, 1, lens, last, ids, NULL);
-  kb_attn_init(&a, 8, 2, 24, 0);
+  kt_attn_init(&a, 8, 2, 24, 0);
   kt_fill(&r, q, no, -1.0f, 1.0f);
   if (c && kva_batch_plan(c, &a, ids, nq, 1, &p) == KVA_OK) {
     KT_CHECK(kva_batch_n_merges(p) == 6 && kva_batch_n_units(p) == 12, "expected 12 units and 6 merges, got %d and %d",
@@ -1424,7 +1404,7 @@ static void test_batch_args(void) {
   c2 = kb_small_cache(&r, 1, 1, 24, 24, KVA_F32, 1, len2, last2, ids2, NULL);
   if (!c || !c2) return;
   kt_fill(&r, q, sizeof q / sizeof q[0], -1.0f, 1.0f);
-  kb_attn_init(&a, 4, 2, 24, 0);
+  kt_attn_init(&a, 4, 2, 24, 0);
   memcpy(seqs, ids, sizeof seqs);
 #define KB_BAD_PLAN(call, want, what)                                                          \
   do {                                                                                         \
@@ -1557,7 +1537,7 @@ static void test_batch_stale(void) {
   c = kb_small_cache(&r, 2, 1, 20, 20, KVA_F16, 2, lens, last, ids, NULL);
   if (!c) return;
   kt_fill(&r, q, sizeof q / sizeof q[0], -1.0f, 1.0f);
-  kb_attn_init(&a, 2, 1, 20, 0);
+  kt_attn_init(&a, 2, 1, 20, 0);
   KT_STATUS(kva_batch_plan(c, &a, ids, nq, 2, &p), KVA_OK);
   KT_STATUS(kva_attend_batch(c, p, 0, q, out), KVA_OK);
   KT_STATUS(kva_attend_batch(c, p, 1, q, out), KVA_OK);
@@ -1614,7 +1594,7 @@ static void test_batch_same_len(void) {
     if (!c[ci]) return;
   }
   kt_seed(&r, 0x5A3F);
-  kb_attn_init(&a, H, 1, D, 0);
+  kt_attn_init(&a, H, 1, D, 0);
   for (stp = 0; stp < 6; stp++) {
     kva_status st0;
     int idp[2];
@@ -1683,7 +1663,7 @@ static void test_batch_zero_rows(void) {
   kt_seed(&r, 0x2E60);
   c = kb_small_cache(&r, 2, 2, 24, 24, KVA_F32, 3, lens, last, ids, NULL);
   if (!c) return;
-  kb_attn_init(&a, 4, 2, 24, 0);
+  kt_attn_init(&a, 4, 2, 24, 0);
   kt_fill(&r, q, sizeof q / sizeof q[0], -1.0f, 1.0f);
   for (i = 1; i <= 3; i++) {
     p = NULL;
@@ -1761,7 +1741,7 @@ static void test_cache_heap(void) {
   kt_seed(&r, 0x4EA9);
   kb_append_store(&r, &c[1], &seq[1], 1, 1, G, D, D, LEN - NQ);
   kb_append_store(&r, &c[1], &seq[1], 1, 1, G, D, D, NQ);
-  kb_attn_init(&a, H, G, D, 0);
+  kt_attn_init(&a, H, G, D, 0);
   q = KT_ALLOC(float, (size_t)NQ * H * D);
   o[0] = KT_ALLOC(float, (size_t)NQ * H * D);
   o[1] = KT_ALLOC(float, (size_t)NQ * H * D);
@@ -1770,17 +1750,17 @@ static void test_cache_heap(void) {
   /* 6 rows x 32 heads: 3 chunks of 64 rows, < 8 items over 2,600 keys: split-K whose partials
      (3 items x 2 splits x 64 rows x 65 floats) overflow the 16,512-float stack scratch */
   KT_STATUS(kva_attend_cache(c[0], seq[0], 0, &a, q, NQ, o[0]), KVA_OK);
-  m0 = kb_mallocs;
+  m0 = kt_mallocs;
   KT_STATUS(kva_attend_cache(c[1], seq[1], 0, &a, q, NQ, o[1]), KVA_OK);
   KT_CHECK(h.takes == 1 + 1 && h.gives == 1, "prefill with split-K: alloc_fn %ld takes, %ld gives (want the cache "
            "and one temporary, given back)", h.takes, h.gives);
-  KT_CHECK(kb_mallocs == m0, "prefill on a cache with alloc_fn called KVATTN_MALLOC %ld times", kb_mallocs - m0);
+  KT_CHECK(kt_mallocs == m0, "prefill on a cache with alloc_fn called KVATTN_MALLOC %ld times", kt_mallocs - m0);
   KT_CHECK(kt_same_bits(o[0], o[1], (size_t)NQ * H * D), "outputs differ with and without alloc_fn");
   {
     int nq = NQ;
     KT_STATUS(kva_batch_plan(c[1], &a, &seq[1], &nq, 1, &plan), KVA_OK);
-    KT_CHECK(h.takes == 3 && kb_mallocs == m0, "kva_batch_plan: alloc_fn takes %ld (want 3), KVATTN_MALLOC %ld",
-             h.takes, kb_mallocs - m0);
+    KT_CHECK(h.takes == 3 && kt_mallocs == m0, "kva_batch_plan: alloc_fn takes %ld (want 3), KVATTN_MALLOC %ld",
+             h.takes, kt_mallocs - m0);
     if (plan) {
       KT_STATUS(kva_attend_batch(c[1], plan, 0, q, ob), KVA_OK);
       kva_batch_free(plan);
@@ -1839,7 +1819,7 @@ void test_batch(void) {
       {"batch pieces", test_batch_pieces},     {"batch stale", test_batch_stale},
       {"batch same len", test_batch_same_len},
       {"batch random", test_batch_random},     {"batch zero rows", test_batch_zero_rows}};
-  long m_start = kb_mallocs, f_start = kb_frees;
+  long m_start = kt_mallocs, f_start = kt_frees;
   int verbose = getenv("KVA_TEST_VERBOSE") != NULL, i;
   for (i = 0; i < (int)(sizeof subs / sizeof subs[0]); i++) {
     clock_t t0 = clock();
@@ -1848,9 +1828,9 @@ void test_batch(void) {
       fprintf(stderr, "    batch/%-16s %.2f s cpu\n", subs[i].name, (double)(clock() - t0) / CLOCKS_PER_SEC);
   }
   kt_begin("batch: every allocation freed");
-  KT_CHECK(kb_mallocs - m_start == kb_frees - f_start,
-           "this file's library copy took %ld blocks and freed %ld (caches, plans, scratch)", kb_mallocs - m_start,
-           kb_frees - f_start);
+  KT_CHECK(kt_mallocs - m_start == kt_frees - f_start,
+           "this file's library copy took %ld blocks and freed %ld (caches, plans, scratch)", kt_mallocs - m_start,
+           kt_frees - f_start);
   if (verbose)
     fprintf(stderr,
             "  batch: %ld split-K cases, %ld batch rows bit-identical / %ld by tolerance, %ld empty rows; worst "

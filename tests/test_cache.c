@@ -95,15 +95,6 @@ static void desc_init(kva_cache_desc *d, int L, int G, int D, int Dv, int bs, in
   d->layer_dtype = NULL;
 }
 
-static void attn_init(kva_attn *a, int H, int G, int D, int Dv) {
-  memset(a, 0, sizeof *a);
-  a->n_heads = H;
-  a->n_kv_heads = G;
-  a->head_dim = D;
-  a->v_dim = Dv;
-  a->n_threads = 1;
-}
-
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* ------------------------------------------------------------------------ */
@@ -257,7 +248,7 @@ static void check_attend(kt_rng *r, const cshape *s, sseq *q, int l, int n_q) {
   float *qv, *out, sinks[3 * 64];
   double *rq, *rk, *rv, *ro, err, tol;
   kva_status st;
-  attn_init(&a, H, s->G, s->D, (s->Dv == s->D && kt_int(r, 0, 1)) ? 0 : s->Dv);
+  kt_attn_init(&a, H, s->G, s->D, (s->Dv == s->D && kt_int(r, 0, 1)) ? 0 : s->Dv);
   switch (kt_int(r, 0, 5)) {
     case 0: a.window = kt_int(r, 1, q->len); break;
     case 1:
@@ -722,7 +713,7 @@ static void test_seq_ids(void) {
   }
   memset(k, 0, sizeof k);
   memset(v, 0, sizeof v);
-  attn_init(&at, 2, 2, 4, 0);
+  kt_attn_init(&at, 2, 2, 4, 0);
   KT_STATUS(kva_seq_new(c, &a), KVA_OK);
   for (i = 0; i < n; i++) {
     KT_STATUS(kva_seq_new(c, &ids[i]), KVA_OK);
@@ -828,7 +819,7 @@ static void test_cache_errors(void) {
   kt_fill(&r, k, sizeof k / sizeof k[0], -1, 1);
   kt_fill(&r, v, sizeof v / sizeof v[0], -1, 1);
   kt_fill(&r, qv, sizeof qv / sizeof qv[0], -1, 1);
-  attn_init(&at, 4, 2, 4, 6);
+  kt_attn_init(&at, 4, 2, 4, 6);
 
   /* a fresh sequence has no latest append: store/attend of 1 token fail */
   KT_STATUS(kva_store(s.c, fresh.id, 0, k, v, 1), KVA_ERR_ARG);
@@ -882,15 +873,15 @@ static void test_cache_errors(void) {
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 1, out), KVA_ERR_ARG, "attn G 1 vs cache G 2");
   at.n_kv_heads = 4;
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 1, out), KVA_ERR_ARG, "attn G 4 vs cache G 2");
-  attn_init(&at, 4, 2, 8, 6);
+  kt_attn_init(&at, 4, 2, 8, 6);
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 1, out), KVA_ERR_ARG, "attn head_dim 8 vs 4");
-  attn_init(&at, 4, 2, 4, 0); /* v_dim 0 => 4, cache has 6 */
+  kt_attn_init(&at, 4, 2, 4, 0); /* v_dim 0 => 4, cache has 6 */
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 1, out), KVA_ERR_ARG, "attn v_dim 0 (=4) vs 6");
-  attn_init(&at, 4, 2, 4, 5);
+  kt_attn_init(&at, 4, 2, 4, 5);
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 1, out), KVA_ERR_ARG, "attn v_dim 5 vs 6");
-  attn_init(&at, 3, 2, 4, 6);
+  kt_attn_init(&at, 3, 2, 4, 6);
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 1, out), KVA_ERR_ARG, "H 3 % G 2");
-  attn_init(&at, 4, 2, 4, 6);
+  kt_attn_init(&at, 4, 2, 4, 6);
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 0, out), KVA_OK, "n_q 0 no-op");
   /* argument errors before sequence errors */
   unknown = -5;
@@ -1079,7 +1070,7 @@ static void test_steps(void) {
     KT_CHECK(0, "create");
     return;
   }
-  attn_init(&a, 4, G, D, 0);
+  kt_attn_init(&a, 4, G, D, 0);
   kt_fill(&r, k, sizeof k / sizeof k[0], -1, 1);
   kt_fill(&r, v, sizeof v / sizeof v[0], -1, 1);
   kt_fill(&r, q, sizeof q / sizeof q[0], -1, 1);

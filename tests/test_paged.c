@@ -70,7 +70,7 @@ static float pg_k0(kva_cache *c, int id, int slot) {
 
 static void pg_stats(kva_cache *c, kva_cache_stats *s) { kva_cache_get_stats(c, s); }
 
-static int pg_stats_same(const kva_cache_stats *a, const kva_cache_stats *b) { return pm_stats_equal(a, b, 0); }
+static int pg_stats_same(const kva_cache_stats *a, const kva_cache_stats *b) { return kt_stats_equal(a, b, 0); }
 
 /* ---------------------------------------------------------------- random */
 
@@ -239,7 +239,7 @@ static void pg_bad_input(void) {
     KT_CHECK(kva_seq_fits(c, b, -1, &need) == KVA_FITS_NEVER, "fits(-1)");
   }
   pg_stats(c, &s1);
-  KT_CHECK(pm_stats_equal(&s1, &s0, 1), "calls with bad ids changed the stats");
+  KT_CHECK(kt_stats_equal(&s1, &s0, 1), "calls with bad ids changed the stats");
   /* new_prefix argument errors; outputs untouched */
   id = reused = -7;
   KT_STATUS(kva_seq_new_prefix(c, NULL, 4, 0, &id, &reused), KVA_ERR_ARG);
@@ -443,7 +443,7 @@ static void pg_fits(void) {
   pg_stats(c, &s0);
   KT_STATUS(kva_seq_append(c, b, 1), KVA_ERR_FULL);
   pg_stats(c, &s1);
-  KT_CHECK(pm_stats_equal(&s0, &s1, 1) && s1.appends_failed == s0.appends_failed + 1,
+  KT_CHECK(kt_stats_equal(&s0, &s1, 1) && s1.appends_failed == s0.appends_failed + 1,
            "KVA_ERR_FULL: stats changed, or appends_failed %ld -> %ld", s0.appends_failed, s1.appends_failed);
   KT_CHECK(kva_seq_len(c, b) == 0 && kva_seq_pos(c, b) == 0, "failed append moved b");
   /* cached (published, unreferenced) blocks count as available */
@@ -869,7 +869,7 @@ static void pg_append_all(void) {
                    kva_seq_pos(c, ids[i]), pos0[i], n[i]);
       } else {
         KT_CHECK(st == KVA_ERR_FULL, "append_all = %s", kva_status_str(st));
-        KT_CHECK(pm_stats_equal(&s0, &s1, 1) && s1.appends_failed == s0.appends_failed + 1,
+        KT_CHECK(kt_stats_equal(&s0, &s1, 1) && s1.appends_failed == s0.appends_failed + 1,
                  "refused append_all changed the stats");
         for (i = 0; i < ns; i++)
           KT_CHECK(kva_seq_len(c, ids[i]) == len0[i] && kva_seq_pos(c, ids[i]) == pos0[i],

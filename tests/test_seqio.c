@@ -171,16 +171,6 @@ static void sq_random_shape(kt_rng *r, sq_shape *s) {
 /* ------------------------------------------------------------------------ */
 /* Observing a cache                                                        */
 
-static int sq_stats_eq(const kva_cache_stats *a, const kva_cache_stats *b) {
-  return a->n_blocks == b->n_blocks && a->blocks_used == b->blocks_used && a->blocks_cached == b->blocks_cached &&
-         a->blocks_free == b->blocks_free && a->n_seqs == b->n_seqs && a->block_bytes == b->block_bytes &&
-         a->bytes_total == b->bytes_total && a->bytes_meta == b->bytes_meta &&
-         a->bytes_footprint == b->bytes_footprint && a->tokens_held == b->tokens_held &&
-         a->prefix_queries == b->prefix_queries && a->prefix_hits == b->prefix_hits &&
-         a->token_slots == b->token_slots && a->cow_copies == b->cow_copies &&
-         a->appends_failed == b->appends_failed && a->prefix_forgotten == b->prefix_forgotten;
-}
-
 static int sq_stats_sane(const kva_cache_stats *s) {
   return s->blocks_used + s->blocks_cached + s->blocks_free == s->n_blocks && s->blocks_used >= 0 &&
          s->blocks_cached >= 0 && s->blocks_free >= 0;
@@ -210,7 +200,7 @@ static void sq_snap_take(const kva_cache *c, int max_seqs, sq_snap *s) {
 static int sq_snap_same(const kva_cache *c, int max_seqs, const sq_snap *s) {
   sq_snap now;
   sq_snap_take(c, max_seqs, &now);
-  return sq_stats_eq(&now.st, &s->st) && memcmp(now.live, s->live, SQ_IDS) == 0;
+  return kt_stats_equal(&now.st, &s->st, 0) && memcmp(now.live, s->live, SQ_IDS) == 0;
 }
 
 /* Import that must fail with `want` and change nothing. */
@@ -1340,7 +1330,7 @@ static void sq_errors(void) {
     KT_CHECK(ne == np, "after the failed imports kva_seq_new hands out id %d, the twin %d", ne, np);
     kva_cache_get_stats(E, &se);
     kva_cache_get_stats(P, &sp);
-    KT_CHECK(sq_stats_eq(&se, &sp), "after the failed imports the stats differ from the twin's");
+    KT_CHECK(kt_stats_equal(&se, &sp, 0), "after the failed imports the stats differ from the twin's");
     kva_seq_free(E, ne);
     kva_seq_free(P, np);
   }

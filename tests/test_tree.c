@@ -145,15 +145,6 @@ static void tt_layout(const int32_t *par, int n_q, int n_kv, int32_t base, int G
 /* ======================================================================== */
 /* Comparisons                                                              */
 
-static void tt_attn_init(kva_attn *a, int H, int G, int D, int Dv) {
-  memset(a, 0, sizeof *a);
-  a->n_heads = H;
-  a->n_kv_heads = G;
-  a->head_dim = D;
-  a->v_dim = Dv;
-  a->n_threads = 1;
-}
-
 /* window / sinks, soft-cap, ALiBi, scale, threads at random */
 static void tt_random_opts(kt_rng *r, kva_attn *a, int n_kv) {
   static const float caps[] = {2.5f, 20.0f, 50.0f};
@@ -430,16 +421,6 @@ static int tt_snap_same(const tt_snap *a, const tt_snap *b) {
          memcmp(a->p, b->p, n * a->G * sizeof(int32_t)) == 0;
 }
 
-static int tt_stats_same(const kva_cache_stats *a, const kva_cache_stats *b) {
-  return a->n_blocks == b->n_blocks && a->blocks_used == b->blocks_used && a->blocks_cached == b->blocks_cached &&
-         a->blocks_free == b->blocks_free && a->n_seqs == b->n_seqs && a->block_bytes == b->block_bytes &&
-         a->bytes_total == b->bytes_total && a->bytes_meta == b->bytes_meta &&
-         a->bytes_footprint == b->bytes_footprint && a->tokens_held == b->tokens_held &&
-         a->prefix_queries == b->prefix_queries && a->prefix_hits == b->prefix_hits &&
-         a->token_slots == b->token_slots && a->cow_copies == b->cow_copies &&
-         a->appends_failed == b->appends_failed && a->prefix_forgotten == b->prefix_forgotten;
-}
-
 static int tt_stats_consistent(kva_cache *c) {
   kva_cache_stats st;
   kva_cache_get_stats(c, &st);
@@ -473,7 +454,7 @@ static void tt_arrays_case(kt_rng *r, int it) {
   while ((double)H * (D + Dv) * (P + n_q) * n_q > 3e6 && n_q > 1) n_q = (n_q + 1) / 2;
   while ((double)H * (D + Dv) * (P + n_q) * n_q > 3e6 && P > 0) P /= 2;
   n_kv = P + n_q;
-  tt_attn_init(&a, H, G, D, (Dv == D && kt_int(r, 0, 1)) ? 0 : Dv);
+  kt_attn_init(&a, H, G, D, (Dv == D && kt_int(r, 0, 1)) ? 0 : Dv);
   tt_random_opts(r, &a, n_kv);
   cfg = ref_cfg(&a);
   nq = (size_t)n_q * H * D, nk = (size_t)n_kv * G * D, nv = (size_t)n_kv * G * Dv;
@@ -539,7 +520,7 @@ static void test_tree_hand(void) {
   int i;
   kt_begin("tree: hand-computed tree");
   for (i = 0; i < 9; i++) k[i] = 0.25f * (float)i, v[i] = (float)i;
-  tt_attn_init(&a, 1, 1, 1, 0);
+  kt_attn_init(&a, 1, 1, 1, 0);
   a.tree_parent = par;
   KT_STATUS(kva_attend(&a, q, 6, NULL, k, v, 9, NULL, out, lse), KVA_OK);
   for (i = 0; i < 6; i++) {
@@ -605,7 +586,7 @@ static void test_tree_sinks_deep(void) {
     kt_fill(&r, q, (size_t)n * H * D, -1, 1);
     kt_fill(&r, k, (size_t)n_kv * G * D, -1, 1);
     kt_fill(&r, v, (size_t)n_kv * G * D, -2, 2);
-    tt_attn_init(&a, H, G, D, 0);
+    kt_attn_init(&a, H, G, D, 0);
     a.window = 2;
     a.n_sink = 2 + pre;
     a.tree_parent = par;
@@ -674,7 +655,7 @@ static void tt_cache_case(kt_rng *r, int it) {
   n_chunks = P > 0 ? kt_int(r, 1, 3) : 0;
   c = tt_cache(r, L, G, D, Dv, bs, tt_cdiv(P + n, bs) + 4, kt, vt);
   if (!c) return;
-  tt_attn_init(&a, H, G, D, (Dv == D && kt_int(r, 0, 1)) ? 0 : Dv);
+  kt_attn_init(&a, H, G, D, (Dv == D && kt_int(r, 0, 1)) ? 0 : Dv);
   tt_random_opts(r, &a, P + n);
   snprintf(label, sizeof label, "cache %s/%s bs=%d L=%d prefix=%d%s%s", kva_dtype_name(kt), kva_dtype_name(vt), bs,
            L, P, evict == 1 ? " WINDOW-evicted" : evict == 2 ? " H2O-evicted" : "", joint ? " joint step" : "");
@@ -751,7 +732,7 @@ static void test_tree_chain(void) {
     if (it % 10 == 3) P = 2100, G = 1, H = 2, D = Dv = 8, n = 2; /* split-K on both sides */
     n_kv = P + n;
     no = (size_t)n * H * Dv;
-    tt_attn_init(&a, H, G, D, 0);
+    kt_attn_init(&a, H, G, D, 0);
     tt_random_opts(&r, &a, n_kv);
     for (j = 0; j < n; j++) chain[j] = j - 1;
     t = a;
@@ -866,7 +847,7 @@ static void tt_batch_case(kt_rng *r, int it) {
   lse = KT_ALLOC(float, (size_t)total * H + TT_GUARD);
   o1 = KT_ALLOC(float, (size_t)(total + 1) * rowo);
   l1 = KT_ALLOC(float, (size_t)(total + 1) * H);
-  tt_attn_init(&a, H, G, D, Dv == D ? 0 : Dv);
+  kt_attn_init(&a, H, G, D, Dv == D ? 0 : Dv);
   tt_random_opts(r, &a, 150);
   for (round = 0; round < 2; round++) { /* a plan, then a replan (in place) with other trees */
     kva_status st;
@@ -956,7 +937,7 @@ static void tt_glayer_init(kt_rng *r, tt_glayer *g, int d, int H, int G, int D) 
   if (kt_int(r, 0, 1)) g->bv = tt_rand_buf(r, (size_t)G * D, 0.5f);
   if (kt_int(r, 0, 1)) g->bo = tt_rand_buf(r, (size_t)d, 0.5f);
   g->L.d_model = d;
-  tt_attn_init(&g->L.attn, H, G, D, 0);
+  kt_attn_init(&g->L.attn, H, G, D, 0);
   tt_random_opts(r, &g->L.attn, 40);
   g->L.wq = g->wq, g->L.bq = g->bq, g->L.wk = g->wk, g->L.bk = g->bk;
   g->L.wv = g->wv, g->L.bv = g->bv, g->L.wo = g->wo, g->L.bo = g->bo;
@@ -1157,7 +1138,7 @@ static void test_tree_args(void) {
   kt_fill(&r, k, sizeof k / sizeof k[0], -1, 1);
   kt_fill(&r, v, sizeof v / sizeof v[0], -1, 1);
   kt_fill(&r, x, sizeof x / sizeof x[0], -1, 1);
-  tt_attn_init(&a, H, G, D, 0);
+  kt_attn_init(&a, H, G, D, 0);
 #define TT_BAD(call, what)                                                                              \
   do {                                                                                                  \
     kt_fill_sentinel(out, sizeof out / sizeof out[0]);                                                  \
@@ -1402,7 +1383,7 @@ static void tt_accept_case(kt_rng *r, int it) {
   c = tt_cache(r, L, G, D, Dv, bs, 2 * tt_cdiv(cap, bs) + 4, kt, vt);
   if (!c) return;
   tt_model_init(&m, L, G, D, Dv, cap);
-  tt_attn_init(&a, H, G, D, Dv == D ? 0 : Dv);
+  kt_attn_init(&a, H, G, D, Dv == D ? 0 : Dv);
   tt_random_opts(r, &a, 60);
   ok = kva_seq_new(c, &S) == KVA_OK;
   if (ok && P > 0) {
@@ -1579,7 +1560,7 @@ static void tt_accept_h2o_case(kt_rng *r, int it) {
   memset(&e, 0, sizeof e);
   e.kind = KVA_EVICT_H2O;
   e.budget = P + n;
-  tt_attn_init(&a, H, G, D, 0);
+  kt_attn_init(&a, H, G, D, 0);
   a.n_threads = kt_int(r, 0, 2);
   ok = kva_seq_new(c, &S) == KVA_OK && kva_seq_set_evict(c, S, &e) == KVA_OK;
   if (ok) { /* the prefix: light but for token hp, never attended */
@@ -1743,7 +1724,7 @@ static void test_accept_shared(void) {
         KT_CHECK(st0.blocks_free == 0 && st0.blocks_cached == 0, "%s: pool not full", label);
         KT_STATUS(kva_seq_accept(c, S, n, keep, k), KVA_ERR_FULL);
         kva_cache_get_stats(c, &st1);
-        KT_CHECK(tt_stats_same(&st0, &st1), "%s: a refused accept changed the cache statistics", label);
+        KT_CHECK(kt_stats_equal(&st0, &st1, 0), "%s: a refused accept changed the cache statistics", label);
         tt_snap_take(c, S, L, G, D, Dv, &s1);
         KT_CHECK(tt_snap_same(&s0, &s1), "%s: a refused accept changed the sequence (len %d -> %d, pos %d -> %d)",
                  label, s0.len, s1.len, s0.pos, s1.pos);
@@ -1826,7 +1807,7 @@ static void test_accept_args(void) {
              "accept: %s: not KVA_ERR_ARG", bad[i].what);
     tt_snap_take(c, S, L, G, D, Dv, &s1);
     kva_cache_get_stats(c, &st1);
-    KT_CHECK(tt_snap_same(&s0, &s1) && tt_stats_same(&st0, &st1), "accept: %s changed the sequence or the cache",
+    KT_CHECK(tt_snap_same(&s0, &s1) && kt_stats_equal(&st0, &st1, 0), "accept: %s changed the sequence or the cache",
              bad[i].what);
     tt_snap_free(&s1);
   }
@@ -1839,10 +1820,10 @@ static void test_accept_args(void) {
   KT_STATUS(kva_seq_accept(c, X, 1, NULL, 2), KVA_ERR_ARG);
   tt_snap_take(c, S, L, G, D, Dv, &s1);
   kva_cache_get_stats(c, &st1);
-  KT_CHECK(tt_snap_same(&s0, &s1) && tt_stats_same(&st0, &st1), "accept: refused calls changed something");
+  KT_CHECK(tt_snap_same(&s0, &s1) && kt_stats_equal(&st0, &st1, 0), "accept: refused calls changed something");
   tt_snap_free(&s1);
   /* the step is still there: the 6 newest tokens can be stored and attended */
-  tt_attn_init(&a, 4, G, D, Dv);
+  kt_attn_init(&a, 4, G, D, Dv);
   kt_fill(&r, q, sizeof q / sizeof q[0], -1, 1);
   kt_fill(&r, kk, sizeof kk / sizeof kk[0], -1, 1);
   kt_fill(&r, vv, sizeof vv / sizeof vv[0], -1, 1);
@@ -1971,7 +1952,7 @@ static void test_accept_truncate(void) {
       }
       KT_CHECK(tt_snap_same(&sn[0], &sn[1]), "%s: the sequences differ (len %d/%d pos %d/%d)", label, sn[0].len,
                sn[1].len, sn[0].pos, sn[1].pos);
-      KT_CHECK(tt_stats_same(&ss[0], &ss[1]), "%s: the caches' statistics differ (used %d/%d, cow %ld/%ld)", label,
+      KT_CHECK(kt_stats_equal(&ss[0], &ss[1], 0), "%s: the caches' statistics differ (used %d/%d, cow %ld/%ld)", label,
                ss[0].blocks_used, ss[1].blocks_used, ss[0].cow_copies, ss[1].cow_copies);
       tt_snap_free(&sn[0]);
       tt_snap_free(&sn[1]);
@@ -1984,7 +1965,7 @@ static void test_accept_truncate(void) {
       { /* both ended the step the same way */
         float kk[16], vv[16], oo[32];
         memset(kk, 0, sizeof kk), memset(vv, 0, sizeof vv);
-        tt_attn_init(&a, G, G, D, 0);
+        kt_attn_init(&a, G, G, D, 0);
         for (ci = 0; ci < 2; ci++) {
           st[ci] = (int)kva_store(c[ci], s[ci], 0, kk, vv, 1);
           st2[ci] = (int)kva_attend_cache(c[ci], s[ci], 0, &a, kk, 1, oo);
@@ -1992,7 +1973,7 @@ static void test_accept_truncate(void) {
         KT_CHECK(st[0] == st[1] && st2[0] == st2[1] && st[0] == KVA_ERR_ARG,
                  "%s: after accept store %d attend %d, after truncate %d %d", label, st[0], st2[0], st[1], st2[1]);
       }
-      tt_attn_init(&a, G * kt_int(&r, 1, 2), G, D, 0);
+      kt_attn_init(&a, G * kt_int(&r, 1, 2), G, D, 0);
       tt_random_opts(&r, &a, 30);
       tt_decode_both(&r, c[0], s[0], c[1], s[1], &a, L, kt_int(&r, 1, 3), label);
     }
@@ -2024,7 +2005,7 @@ static void test_accept_evicted(void) {
              L, G, D, bs);
     c = tt_cache(&r, L, G, D, D, bs, 2 * tt_cdiv(2 * e.budget + 30, bs) + 8, dt, dt);
     if (!c) continue;
-    tt_attn_init(&a, G * kt_int(&r, 1, 2), G, D, 0);
+    kt_attn_init(&a, G * kt_int(&r, 1, 2), G, D, 0);
     tt_random_opts(&r, &a, e.budget);
     ok = kva_seq_new(c, &S) == KVA_OK && kva_seq_new(c, &T) == KVA_OK && kva_seq_set_evict(c, S, &e) == KVA_OK &&
          kva_seq_set_evict(c, T, &e) == KVA_OK;
@@ -2060,7 +2041,7 @@ static void test_accept_evicted(void) {
         KT_STATUS(kva_seq_accept(c, S, len0, NULL, 0), KVA_ERR_UNSUPPORTED);
         tt_snap_take(c, S, L, G, D, D, &s1);
         kva_cache_get_stats(c, &st1);
-        KT_CHECK(tt_snap_same(&s0, &s1) && tt_stats_same(&st0, &st1), "%s: a refused accept changed something", label);
+        KT_CHECK(tt_snap_same(&s0, &s1) && kt_stats_equal(&st0, &st1, 0), "%s: a refused accept changed something", label);
         tt_snap_free(&s1);
       }
       KT_STATUS(kva_seq_accept(c, S, n, keep, k), KVA_OK);
