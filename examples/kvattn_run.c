@@ -10,6 +10,7 @@
    generation and chat loops (`run`'s semantics), --ppl and --serve.
    `kvattn_run --help` lists every option. */
 #include "llm.h"
+#include "needle.h"
 
 #define MAX_CONFIGS 64
 
@@ -40,7 +41,7 @@ typedef struct {
   const char *fp8_calib;
   int threads, block_size, chunk, max_batch, kv_blocks;
   int int_scores, rotate; /* kva_attn.int_scores; kva_cache_desc.rotate */
-  const char *ppl, *ppl_tokens, *serve, *logits_tokens;
+  const char *ppl, *ppl_tokens, *serve, *logits_tokens, *needle;
 } options;
 
 static const char *prog = "kvattn_run";
@@ -91,13 +92,21 @@ static void usage(FILE *f) {
           "  --fp8-calib FILE     FP8 scales calibrated (least squared round-trip error) on the K/V of\n"
           "                the first seq_len tokens of this text\n"
           "  --block-size N       tokens per cache block (default 16)\n"
-          "  --threads N          threads for matrix products and attention (default 1; needs OpenMP)\n"
+          "  --threads N          threads for matrix products and attention (default 1; needs OpenMP)\n",
+          prog);
+  /* two strings: C99 promises string literals of 4095 bytes, no more */
+  fprintf(f,
           "Other modes:\n"
           "  --ppl FILE           perplexity of a text (BOS + its tokens), in windows of seq_len tokens,\n"
           "                each from an empty cache; every token after the first is predicted.  One line\n"
           "                per configuration: ppl P loss L tokens N kv BYTES_PER_TOKEN CONFIG\n"
           "                (with eviction the window goes token by token so the policy acts)\n"
           "  --ppl-tokens FILE    the same over whitespace-separated token ids (used as given)\n"
+          "  --needle FILE        retrieval: one case per line, depth<TAB>answer<TAB>prompt (the answer's\n"
+          "                digits stated in the prompt, asked for at its end); greedy decoding, a case\n"
+          "                is right when the answer's digits come out.  Per configuration: the share\n"
+          "                right, then a table of depth x context length (prompt + answer rounded up to\n"
+          "                a power of two)\n"
           "  --serve FILE         one prompt per line (empty lines skipped), served together: continuous\n"
           "                batching, the common token prefix reused through the prefix cache,\n"
           "                admission and preemption.  stdout: \"[request I] \" + what -i LINE would print\n"
@@ -110,8 +119,7 @@ static void usage(FILE *f) {
           "                1 = token by token)\n"
           "  --help               this text\n"
           "stderr gets the timings: prefill and decode tokens/s, the share of decode time inside kvattn\n"
-          "calls, and the KV bytes held and per token.\n",
-          prog);
+          "calls, and the KV bytes held and per token.\n");
 }
 
 static int parse_int(const char *flag, const char *s, long lo, long hi) {
@@ -332,6 +340,7 @@ static void parse_args(int argc, char **argv, options *o) {
     else if (strcmp(f, "--ppl") == 0) o->ppl = v;
     else if (strcmp(f, "--ppl-tokens") == 0) o->ppl_tokens = v;
     else if (strcmp(f, "--serve") == 0) o->serve = v;
+    else if (strcmp(f, "--needle") == 0) o->needle = v;
     else if (strcmp(f, "--logits-tokens") == 0) o->logits_tokens = v;
     else if (strcmp(f, "--chunk") == 0) o->chunk = parse_int(f, v, 1, 1 << 24);
     else if (strcmp(f, "--max-batch") == 0) o->max_batch = parse_int(f, v, 1, 4096);
@@ -344,8 +353,9 @@ static void parse_args(int argc, char **argv, options *o) {
   if (o->seed == 0) o->seed = (unsigned long long)time(NULL);
   if (strcmp(o->mode, "generate") != 0 && strcmp(o->mode, "chat") != 0)
     die("-m: '%s' is not a mode (generate or chat)", o->mode);
-  if ((o->ppl != NULL) + (o->ppl_tokens != NULL) + (o->serve != NULL) + (o->logits_tokens != NULL) > 1)
-    die("--ppl, --ppl-tokens, --serve and --logits-tokens are separate modes: give one");
+  if ((o->ppl != NULL) + (o->ppl_tokens != NULL) + (o->serve != NULL) + (o->logits_tokens != NULL) +
+          (o->needle != NULL) > 1)
+    die("--ppl, --ppl-tokens, --serve, --logits-tokens and --needle are separate modes: give one");
   if (o->serve && strcmp(o->mode, "chat") == 0) die("--serve runs generate mode only (not -m chat)");
   if (o->n_dtypes == 0) o->dtypes[o->n_dtypes++] = KVA_F32;
   if (o->n_evict == 0) parse_evict("none", &o->evict[o->n_evict++]);
@@ -1111,6 +1121,91 @@ static void serve(const options *o, config *c, int steps) {
    main
    ====================================================================== */
 
+/* ======================================================================
+   --needle: retrieval accuracy per configuration, depth and context
+   length (examples/needle.h).  Greedy whatever -t says: a case counts when
+   the decoded answer's digits equal its answer.
+   ====================================================================== */
+
+#define NEEDLE_MAX_CTX 16 /* context-length buckets: 256 .. 8M */
+#define NEEDLE_MAX_DEPTH 64
+
+static void needle_mode(const options *o, config *cfg, int n_cfg, const needle_set *set) {
+  double depth[NEEDLE_MAX_DEPTH];
+  int ctx[NEEDLE_MAX_CTX], n_depth = 0, n_ctx = 0, ci, i, j, rows = 0;
+  llm_state st;
+  for (i = 0; i < set->n; i++) {
+    const needle_case *k = &set->cases[i];
+    for (j = 0; j < n_depth && depth[j] != k->depth; j++) {}
+    if (j == n_depth) {
+      if (n_depth == NEEDLE_MAX_DEPTH) die("--needle: more than %d different depths", NEEDLE_MAX_DEPTH);
+      depth[n_depth++] = k->depth;
+    }
+    for (j = 0; j < n_ctx && ctx[j] != k->context; j++) {}
+    if (j == n_ctx) {
+      if (n_ctx == NEEDLE_MAX_CTX) die("--needle: more than %d context lengths", NEEDLE_MAX_CTX);
+      ctx[n_ctx++] = k->context;
+    }
+    if (k->n > rows) rows = k->n;
+  }
+  /* depths and lengths in increasing order for the table */
+  for (i = 1; i < n_depth; i++)
+    for (j = i; j > 0 && depth[j - 1] > depth[j]; j--) {
+      double t = depth[j];
+      depth[j] = depth[j - 1], depth[j - 1] = t;
+    }
+  for (i = 1; i < n_ctx; i++)
+    for (j = i; j > 0 && ctx[j - 1] > ctx[j]; j--) {
+      int t = ctx[j];
+      ctx[j] = ctx[j - 1], ctx[j - 1] = t;
+    }
+  if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory");
+  st.int_scores = o->int_scores;
+  for (ci = 0; ci < n_cfg; ci++) {
+    config *c = &cfg[ci];
+    int ok_at[NEEDLE_MAX_DEPTH][NEEDLE_MAX_CTX], n_at[NEEDLE_MAX_DEPTH][NEEDLE_MAX_CTX], ok_all = 0;
+    double t0 = llm_now(), last = t0;
+    kva_cache *cache;
+    memset(ok_at, 0, sizeof ok_at);
+    memset(n_at, 0, sizeof n_at);
+    fp8_scales(o, c, o->threads);
+    cache = make_cache(c, llm_blocks_for(&c->cache, model.c.seq_len), 2);
+    for (i = 0; i < set->n; i++) {
+      const needle_case *k = &set->cases[i];
+      kva_evict ev = resolve_evict(c->evict, k->n);
+      int ok, d, x;
+      char got[128];
+      kva_status s = needle_run(&model, &st, &tokenizer, cache, &ev, k, &ok, got, sizeof got);
+      if (s != KVA_OK) die("--needle (%s): case %d failed: %s", c->name, i + 1, kva_status_str(s));
+      for (d = 0; depth[d] != k->depth; d++) {}
+      for (x = 0; ctx[x] != k->context; x++) {}
+      ok_at[d][x] += ok;
+      n_at[d][x]++;
+      ok_all += ok;
+      if (llm_now() - last > 2.0) {
+        last = llm_now();
+        fprintf(stderr, "needle %s: case %d/%d, %d right so far, %.0f s, about %.0f s left\n", c->name, i + 1, set->n,
+                ok_all, last - t0, (last - t0) / (i + 1) * (set->n - i - 1));
+      }
+    }
+    printf("needle %.4f right %d cases %d kv %lu %s\n", (double)ok_all / set->n, ok_all, set->n,
+           (unsigned long)llm_cache_bytes_per_token(&model, &c->cache), c->name);
+    printf("  depth");
+    for (j = 0; j < n_ctx; j++) printf(" %9d", ctx[j]);
+    printf("\n");
+    for (i = 0; i < n_depth; i++) {
+      printf("  %5.2f", depth[i]);
+      for (j = 0; j < n_ctx; j++)
+        if (n_at[i][j]) printf(" %4d/%-4d", ok_at[i][j], n_at[i][j]);
+        else printf(" %9s", "-");
+      printf("\n");
+    }
+    fflush(stdout);
+    kva_cache_destroy(cache);
+  }
+  llm_state_free(&st);
+}
+
 int main(int argc, char **argv) {
   options o;
   config cfg[MAX_CONFIGS];
@@ -1123,7 +1218,14 @@ int main(int argc, char **argv) {
   if (o.steps_given && o.steps > model.c.seq_len && !o.ppl && !o.ppl_tokens && !o.logits_tokens)
     fprintf(stderr, "%s: -n %d is more than the model's %d positions (seq_len): running %d\n", prog, o.steps,
             model.c.seq_len, steps);
-  if (o.ppl || o.ppl_tokens) {
+  if (o.needle) {
+    needle_set set;
+    memset(&set, 0, sizeof set);
+    load_tokenizer(&o);
+    if (!needle_read(&set, o.needle, &tokenizer, model.c.seq_len, err, sizeof err)) die("--needle: %s", err);
+    needle_mode(&o, cfg, n_cfg, &set);
+    needle_set_free(&set);
+  } else if (o.ppl || o.ppl_tokens) {
     int n;
     int32_t *tok;
     if (o.ppl) {
@@ -1137,7 +1239,8 @@ int main(int argc, char **argv) {
     perplexity(&o, cfg, n_cfg, tok, n);
     free(tok);
   } else {
-    if (n_cfg > 1) die("several configurations (a --kv-dtype list or several --evict) are for --ppl only");
+    if (n_cfg > 1)
+      die("several configurations (a --kv-dtype list or several --evict) are for --ppl and --needle only");
     if (o.logits_tokens) {
       int n;
       int32_t *tok = read_ids(o.logits_tokens, "--logits-tokens", model.c.vocab_size, &n);

@@ -2732,6 +2732,98 @@ static void check_trained(const char *dir) {
 }
 
 /* ------------------------------------------------------------ main */
+/* --needle on the trained model, against the generation path: the first
+   case of passkey.tsv (depth TAB answer TAB prompt) generated greedily (-t 0,
+   through --serve so the prompt needs no quoting) gives the model's own
+   answer digits; a needle file with those digits must count 1 right, one
+   with the last digit changed or the last digit dropped (the model then
+   says a longer number) 0 right; bad needle files exit 1 with a one-line
+   message naming the file and line. */
+static void check_needle(const char *dir) {
+  char mp[1024], tp[1024], pp[1024], got[64], buf[16384];
+  char *pk, *tab1, *tab2, *nl, *gen, *prompt;
+  size_t nd = 0;
+  Run r;
+  snprintf(mp, sizeof mp, "%s/model.bin", dir);
+  snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
+  snprintf(pp, sizeof pp, "%s/passkey.tsv", dir);
+  if (!file_exists(mp) || !file_exists(tp) || !(pk = read_file(pp, NULL))) {
+    note("needle: skipped (%s, %s or %s does not exist)", mp, tp, pp);
+    return;
+  }
+  tab1 = strchr(pk, '\t');
+  tab2 = tab1 ? strchr(tab1 + 1, '\t') : NULL;
+  nl = tab2 ? strchr(tab2 + 1, '\n') : NULL;
+  if (!nl || (size_t)(nl - tab2) >= sizeof buf - 2) {
+    report(0, "needle: passkey.tsv's first line", "%s: not depth TAB answer TAB prompt", pp);
+    free(pk);
+    return;
+  }
+  *nl = '\0';
+  prompt = tab2 + 1;
+  snprintf(buf, sizeof buf, "%s\n", prompt);
+  write_text(sp("needle_prompt.txt"), buf);
+  r = run_prog("'%s' -z '%s' -t 0 -n 0 --serve '%s'", mp, tp, sp("needle_prompt.txt"));
+  gen = strstr(r.out, prompt);
+  if (r.code != 0 || !gen) {
+    report(0, "needle: the prompt generated greedily", "exit %d, the prompt not echoed: %s", r.code, r.cmd);
+    run_free(&r);
+    free(pk);
+    return;
+  }
+  for (gen += strlen(prompt); *gen == ' '; gen++) {}
+  while (nd + 1 < sizeof got && gen[nd] >= '0' && gen[nd] <= '9') got[nd] = gen[nd], nd++;
+  got[nd] = '\0';
+  run_free(&r);
+  if (nd < 2) {
+    note("needle: the model does not answer the first passkey prompt with digits (\"%.20s\"): the "
+         "right-answer checks are skipped", gen);
+  } else {
+    static const struct {
+      const char *what;
+      int change, right;
+    } variants[] = {{"its own greedy answer counts right", 0, 1},
+                    {"the answer with its last digit changed counts wrong", 1, 0},
+                    {"the answer without its last digit counts wrong (a longer number came out)", 2, 0}};
+    int v;
+    for (v = 0; v < 3; v++) {
+      char ans[64], want[64], name[200];
+      snprintf(ans, sizeof ans, "%s", got);
+      if (variants[v].change == 1) ans[nd - 1] = (char)('0' + (ans[nd - 1] - '0' + 1) % 10);
+      if (variants[v].change == 2) ans[nd - 1] = '\0';
+      snprintf(buf, sizeof buf, "0.5\t%s\t%s\n", ans, prompt);
+      write_text(sp("needle.tsv"), buf);
+      r = run_prog("'%s' -z '%s' --needle '%s'", mp, tp, sp("needle.tsv"));
+      snprintf(want, sizeof want, "right %d cases 1 ", variants[v].right);
+      snprintf(name, sizeof name, "needle: %s", variants[v].what);
+      report(r.code == 0 && strstr(r.out, want) != NULL, name, "answer %s, want \"%s\" in: %s (%s)", ans, want,
+             first_line(r.out), r.cmd);
+      run_free(&r);
+    }
+  }
+  {
+    static const struct {
+      const char *what, *text, *mention;
+    } bad[] = {{"two columns", "0.5\t12345\n", ":1:"},
+               {"an empty file", "", "no cases"},
+               {"an answer that is not digits", "0.5\t12a45\tThe pass key is 12a45.\n", "not all digits"},
+               {"a depth that is not a number", "deep\t12345\tThe pass key is 12345.\n", "not a number"},
+               {"a depth outside 0..1", "1.5\t12345\tThe pass key is 12345.\n", "0..1"},
+               {"an empty prompt", "0.5\t12345\t\n", "empty"},
+               {"a bad line after a good one", "0.5\t12345\tThe pass key is 12345.\n0.5\n", ":2:"}};
+    int b;
+    for (b = 0; b < (int)(sizeof bad / sizeof bad[0]); b++) {
+      char name[200];
+      write_text(sp("needle_bad.tsv"), bad[b].text);
+      snprintf(name, sizeof name, "needle: %s is refused", bad[b].what);
+      expect_error(name, bad[b].mention, "'%s' -z '%s' --needle '%s'", mp, tp, sp("needle_bad.tsv"));
+    }
+    expect_error("needle: a missing file is refused", "needle_missing.tsv", "'%s' -z '%s' --needle '%s'", mp, tp,
+                 sp("needle_missing.tsv"));
+  }
+  free(pk);
+}
+
 int main(int argc, char **argv) {
   const char *model_dir = "bench/model";
   int ai = 1, self_only = 0;
@@ -2792,6 +2884,7 @@ int main(int argc, char **argv) {
   check_generation(4000);
   check_bad_input(5000);
   check_trained(model_dir);
+  check_needle(model_dir);
   sp_free_all();
   printf("model_check: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
