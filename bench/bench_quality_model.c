@@ -2,7 +2,11 @@
    real trained model (bench/model/: a small Llama-architecture model, see its README.md), each
    against the F32 cache: bytes per token, held-out loss and perplexity, the KL divergence of
    every next-token distribution from the F32 cache's, passkey retrieval and decode speed.
-   The decoder is examples/llm.h (kvattn's RoPE, cache and attention).
+   The decoder is examples/llm.h (kvattn's RoPE, cache and attention), included from examples/ on
+   purpose: it is the decoder `kvattn_run` is, so these figures are those of the program a user
+   runs, and it stays an example of using kvattn (a file to copy), not a part of the library.
+   The part runs in phases (qm_load, qm_fp8_scales, qm_configurations, qm_loss_kl, qm_passkeys,
+   qm_rows) over one qm_run.
 
    Loss: the held-out ids (bench/model/heldout.ids) in windows of seq_len tokens, each from an
    empty sequence, the logits at position t scored against token t + 1 (the last one against the
@@ -234,144 +238,164 @@ static void qm_fail_row(rows *t, const char *fmt, const char *a, const char *b) 
   g_failed = 1;
 }
 
-void quality_model(const opts *o, const machine *m) {
-  static const char *const files[] = {"model.bin", "tokenizer.bin", "heldout.ids", "calib.txt", "passkey.tsv"};
-  const char *dir = o->model_dir ? o->model_dir : "bench/model";
-  const int threads = o->n_threads > 0 ? (int)o->threads[0] : 1;
-  rows t = {0};
+/* What the phases of the model part share: the model and its state, the cases, the configurations,
+   the reference's log-probabilities of one window, the FP8 scales and the rows. */
+typedef struct {
+  const opts *o;
+  const char *dir;
+  int threads;
+  rows t;
   llm_model md;
   llm_tokenizer tz;
-  llm_state st, st_cal;
-  qm_cfg *cf = NULL, ref;
-  qm_case *cases = NULL;
-  int n_cases = 0, n_cfg = 0, i, j, w, L, W, V, n_ids = 0, n_win, n_edge;
-  int32_t *ids = NULL;
-  char path[1200], err[1200], title[3000], *txt = NULL;
-  double *lp = NULL, *pp = NULL, t_start = now_s(), t_loss = 0;
-  float cal[2][2] = {{1, 1}, {1, 1}}; /* [e4m3, e5m2][K, V] */
-  float *lcal = NULL, *hcal = NULL;    /* [e4m3, e5m2][K, V][n_layers] and [..][n_layers][n_kv_heads] */
-  int ok_all = 1, have_tz = 0;
-  (void)m;
-  memset(&md, 0, sizeof md);
-  memset(&st, 0, sizeof st);
-  memset(&ref, 0, sizeof ref);
+  int have_tz;
+  llm_state st;
+  qm_cfg *cf, ref;
+  int n_cfg;
+  qm_case *cases;
+  int n_cases;
+  int32_t *ids;
+  int n_ids, n_win, n_edge;
+  int L, W, V;                       /* layers, seq_len, vocabulary */
+  double *lp, *pp, t_start, t_loss;  /* lp / pp: [seq_len][vocab] of the reference's window */
+  float cal[2][2];                   /* [e4m3, e5m2][K, V] */
+  float *lcal, *hcal;                /* [e4m3, e5m2][K, V][n_layers] and [..][n_layers][n_kv_heads] */
+  int ok_all;
+} qm_run;
+
+/* The files: the model, its tokenizer, the held-out ids and the passkey cases, and the decoder's state. */
+static int qm_load(qm_run *R) {
+  static const char *const files[] = {"model.bin", "tokenizer.bin", "heldout.ids", "calib.txt", "passkey.tsv"};
+  int i;
+  char path[1200], err[1200], *txt = NULL;
   /* ---- the files */
   for (i = 0; i < NV(files); i++) {
     FILE *f;
-    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    snprintf(path, sizeof path, "%s/%s", R->dir, files[i]);
     if (!(f = fopen(path, "rb"))) {
       fprintf(stderr,
               "kvattn_bench quality, part model: cannot open %s: run from the repository root or pass --model-dir DIR "
               "(a directory with model.bin, tokenizer.bin, heldout.ids, calib.txt and passkey.tsv)\n",
               path);
-      qm_fail_row(&t, "ERROR cannot open %s%s: run from the repository root or pass --model-dir", path, "");
-      goto out;
+      qm_fail_row(&R->t, "ERROR cannot open %s%s: run from the repository root or pass --model-dir", path, "");
+      goto fail;
     }
     fclose(f);
   }
-  snprintf(path, sizeof path, "%s/model.bin", dir);
-  if (!llm_model_load(&md, path, err, sizeof err)) {
+  snprintf(path, sizeof path, "%s/model.bin", R->dir);
+  if (!llm_model_load(&R->md, path, err, sizeof err)) {
     fprintf(stderr, "kvattn_bench quality, part model: %s\n", err);
-    qm_fail_row(&t, "ERROR %s%s", err, "");
-    goto out;
+    qm_fail_row(&R->t, "ERROR %s%s", err, "");
+    goto fail;
   }
-  L = md.c.n_layers, W = md.c.seq_len, V = md.c.vocab_size;
-  snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
-  if (!llm_tokenizer_load(&tz, path, V, err, sizeof err)) {
+  R->L = R->md.c.n_layers, R->W = R->md.c.seq_len, R->V = R->md.c.vocab_size;
+  snprintf(path, sizeof path, "%s/tokenizer.bin", R->dir);
+  if (!llm_tokenizer_load(&R->tz, path, R->V, err, sizeof err)) {
     fprintf(stderr, "kvattn_bench quality, part model: %s\n", err);
-    qm_fail_row(&t, "ERROR %s%s", err, "");
-    goto out;
+    qm_fail_row(&R->t, "ERROR %s%s", err, "");
+    goto fail;
   }
-  have_tz = 1;
+  R->have_tz = 1;
   /* held-out ids */
-  snprintf(path, sizeof path, "%s/heldout.ids", dir);
+  snprintf(path, sizeof path, "%s/heldout.ids", R->dir);
   {
     long len;
     char *p, *e;
     if (!(txt = qm_read(path, &len))) {
-      qm_fail_row(&t, "ERROR cannot read %s%s", path, "");
-      goto out;
+      qm_fail_row(&R->t, "ERROR cannot read %s%s", path, "");
+      goto fail;
     }
-    ids = (int32_t *)xalloc(((size_t)len / 2 + 2) * sizeof(int32_t));
+    R->ids = (int32_t *)xalloc(((size_t)len / 2 + 2) * sizeof(int32_t));
     for (p = txt;;) {
       long v = strtol(p, &e, 10);
       if (e == p) break;
-      if (v < 0 || v >= V) {
-        snprintf(err, sizeof err, "%ld is not a token id (vocabulary %d)", v, V);
-        qm_fail_row(&t, "ERROR %s: %s", path, err);
-        goto out;
+      if (v < 0 || v >= R->V) {
+        snprintf(err, sizeof err, "%ld is not a token id (vocabulary %d)", v, R->V);
+        qm_fail_row(&R->t, "ERROR %s: %s", path, err);
+        goto fail;
       }
-      ids[n_ids++] = (int32_t)v;
+      R->ids[R->n_ids++] = (int32_t)v;
       p = e;
     }
     while (*e && isspace((unsigned char)*e)) e++;
-    if (*e || n_ids < 2) {
-      qm_fail_row(&t, "ERROR %s: %s", path, *e ? "not whitespace-separated token ids" : "fewer than 2 ids");
-      goto out;
+    if (*e || R->n_ids < 2) {
+      qm_fail_row(&R->t, "ERROR %s: %s", path, *e ? "not whitespace-separated token ids" : "fewer than 2 ids");
+      goto fail;
     }
     free(txt);
     txt = NULL;
   }
-  n_win = (n_ids + W - 1) / W;
-  if (o->quick && n_win > QM_QUICK_WINDOWS) n_win = QM_QUICK_WINDOWS;
+  R->n_win = (R->n_ids + R->W - 1) / R->W;
+  if (R->o->quick && R->n_win > QM_QUICK_WINDOWS) R->n_win = QM_QUICK_WINDOWS;
   /* passkey cases: distance_fraction TAB answer TAB prompt */
-  snprintf(path, sizeof path, "%s/passkey.tsv", dir);
+  snprintf(path, sizeof path, "%s/passkey.tsv", R->dir);
   {
     char *line, *save = NULL;
     int per[3] = {0, 0, 0};
     if (!(txt = qm_read(path, NULL))) {
-      qm_fail_row(&t, "ERROR cannot read %s%s", path, "");
-      goto out;
+      qm_fail_row(&R->t, "ERROR cannot read %s%s", path, "");
+      goto fail;
     }
-    cases = (qm_case *)xalloc(sizeof(qm_case) * 4096);
-    for (line = strtok_r(txt, "\n", &save); line && n_cases < 4096; line = strtok_r(NULL, "\n", &save)) {
+    R->cases = (qm_case *)xalloc(sizeof(qm_case) * 4096);
+    for (line = strtok_r(txt, "\n", &save); line && R->n_cases < 4096; line = strtok_r(NULL, "\n", &save)) {
       char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL, *e;
       double fr;
       int d = -1, k, n;
-      qm_case *pc = &cases[n_cases];
+      qm_case *pc = &R->cases[R->n_cases];
       if (!t2 || t2 - t1 - 1 <= 0 || t2 - t1 - 1 >= (long)sizeof pc->answer) {
-        qm_fail_row(&t, "ERROR %s: a line is not distance_fraction<TAB>answer<TAB>prompt%s", path, "");
-        goto out;
+        qm_fail_row(&R->t, "ERROR %s: a line is not distance_fraction<TAB>answer<TAB>prompt%s", path, "");
+        goto fail;
       }
       fr = strtod(line, &e);
       for (k = 0; k < 3; k++)
         if (fabs(fr - pk_frac[k]) < 1e-6) d = k;
       if (e != t1 || d < 0) {
-        qm_fail_row(&t, "ERROR %s: a distance fraction is not 0.25, 0.5 or 0.9%s", path, "");
-        goto out;
+        qm_fail_row(&R->t, "ERROR %s: a distance fraction is not 0.25, 0.5 or 0.9%s", path, "");
+        goto fail;
       }
-      if (o->quick && per[d] >= QM_QUICK_PASSKEY) continue;
+      if (R->o->quick && per[d] >= QM_QUICK_PASSKEY) continue;
       per[d]++;
       pc->frac = fr;
       memcpy(pc->answer, t1 + 1, (size_t)(t2 - t1 - 1));
       pc->answer[t2 - t1 - 1] = 0;
       pc->tok = (int32_t *)xalloc((strlen(t2 + 1) + 3) * sizeof(int32_t));
-      if (llm_encode(&tz, t2 + 1, 1, 0, pc->tok, &n) != 0) {
-        qm_fail_row(&t, "ERROR %s: out of memory encoding a prompt%s", path, "");
-        goto out;
+      if (llm_encode(&R->tz, t2 + 1, 1, 0, pc->tok, &n) != 0) {
+        qm_fail_row(&R->t, "ERROR %s: out of memory encoding a prompt%s", path, "");
+        goto fail;
       }
       pc->n = n;
-      if (n + (int)strlen(pc->answer) + 2 > W) {
-        snprintf(err, sizeof err, "a prompt of %d tokens leaves no room for its answer in seq_len %d", n, W);
-        qm_fail_row(&t, "ERROR %s: %s", path, err);
-        goto out;
+      if (n + (int)strlen(pc->answer) + 2 > R->W) {
+        snprintf(err, sizeof err, "a prompt of %d tokens leaves no room for its answer in seq_len %d", n, R->W);
+        qm_fail_row(&R->t, "ERROR %s: %s", path, err);
+        goto fail;
       }
-      n_cases++;
+      R->n_cases++;
     }
-    if (n_cases == 0) {
-      qm_fail_row(&t, "ERROR %s: no passkey cases%s", path, "");
-      goto out;
+    if (R->n_cases == 0) {
+      qm_fail_row(&R->t, "ERROR %s: no passkey cases%s", path, "");
+      goto fail;
     }
     free(txt);
     txt = NULL;
   }
-  if (!llm_state_init(&st, &md, W, threads)) {
-    qm_fail_row(&t, "ERROR out of memory (model state)%s%s", "", "");
-    goto out;
+  if (!llm_state_init(&R->st, &R->md, R->W, R->threads)) {
+    qm_fail_row(&R->t, "ERROR out of memory (model state)%s%s", "", "");
+    goto fail;
   }
+  return 1;
+fail:
+  free(txt);
+  return 0;
+}
+
+/* FP8 scales: kva_fp8_calibrate's MSE rule on calib.txt's K and V, for all layers at once, per layer and
+   per layer and KV head. */
+static int qm_fp8_scales(qm_run *R) {
+  int i, j;
+  char path[1200], *txt = NULL;
+  llm_state st_cal;
   /* ---- FP8 scales: kva_fp8_calibrate (MSE rule) on every layer's K and V of calib.txt's first
      seq_len tokens, as `kvattn_run --fp8-calib` picks them */
-  snprintf(path, sizeof path, "%s/calib.txt", dir);
+  snprintf(path, sizeof path, "%s/calib.txt", R->dir);
   {
     float *kb = NULL, *vb = NULL;
     size_t nv = 0;
@@ -380,199 +404,224 @@ void quality_model(const opts *o, const machine *m) {
     kva_status cs;
     progress("quality model: FP8 calibration on %s", path);
     if (!(txt = qm_read(path, NULL))) {
-      qm_fail_row(&t, "ERROR cannot read %s%s", path, "");
-      goto out;
+      qm_fail_row(&R->t, "ERROR cannot read %s%s", path, "");
+      goto fail;
     }
     ct = (int32_t *)xalloc((strlen(txt) + 3) * sizeof(int32_t));
-    if (llm_encode(&tz, txt, 1, 0, ct, &n) != 0 || n < 2) {
+    if (llm_encode(&R->tz, txt, 1, 0, ct, &n) != 0 || n < 2) {
       free(ct);
-      qm_fail_row(&t, "ERROR %s: %s", path, "empty text or out of memory");
-      goto out;
+      qm_fail_row(&R->t, "ERROR %s: %s", path, "empty text or out of memory");
+      goto fail;
     }
-    if (n > W) n = W;
-    if (!llm_state_init(&st_cal, &md, n < 256 ? n : 256, threads)) {
+    if (n > R->W) n = R->W;
+    if (!llm_state_init(&st_cal, &R->md, n < 256 ? n : 256, R->threads)) {
       free(ct);
-      qm_fail_row(&t, "ERROR out of memory (model state)%s%s", "", "");
-      goto out;
+      qm_fail_row(&R->t, "ERROR out of memory (model state)%s%s", "", "");
+      goto fail;
     }
-    cs = llm_kv_sample(&md, &st_cal, ct, n, &kb, &vb, &nv);
+    cs = llm_kv_sample(&R->md, &st_cal, ct, n, &kb, &vb, &nv);
     llm_state_free(&st_cal);
     free(ct);
     for (i = 0; i < 2 && cs == KVA_OK; i++) {
       kva_dtype f = i ? KVA_FP8_E5M2 : KVA_FP8_E4M3;
-      if ((cs = kva_fp8_calibrate(f, kb, nv, KVA_CALIB_MSE, &cal[i][0])) == KVA_OK)
-        cs = kva_fp8_calibrate(f, vb, nv, KVA_CALIB_MSE, &cal[i][1]);
+      if ((cs = kva_fp8_calibrate(f, kb, nv, KVA_CALIB_MSE, &R->cal[i][0])) == KVA_OK)
+        cs = kva_fp8_calibrate(f, vb, nv, KVA_CALIB_MSE, &R->cal[i][1]);
     }
     /* the same rule per layer, and per layer and KV head (the sample is [layer][token][kv_dim]) */
     {
-      int G = md.c.n_kv_heads, D = md.c.head_dim, kv;
-      size_t per_layer = nv / (size_t)md.c.n_layers;
-      lcal = (float *)xalloc(sizeof(float) * 4 * (size_t)md.c.n_layers);
-      hcal = (float *)xalloc(sizeof(float) * 4 * (size_t)md.c.n_layers * (size_t)G);
+      int G = R->md.c.n_kv_heads, D = R->md.c.head_dim, kv;
+      size_t per_layer = nv / (size_t)R->md.c.n_layers;
+      R->lcal = (float *)xalloc(sizeof(float) * 4 * (size_t)R->md.c.n_layers);
+      R->hcal = (float *)xalloc(sizeof(float) * 4 * (size_t)R->md.c.n_layers * (size_t)G);
       for (i = 0; i < 2 && cs == KVA_OK; i++)
         for (kv = 0; kv < 2 && cs == KVA_OK; kv++)
-          for (j = 0; j < md.c.n_layers && cs == KVA_OK; j++) {
+          for (j = 0; j < R->md.c.n_layers && cs == KVA_OK; j++) {
             kva_dtype f = i ? KVA_FP8_E5M2 : KVA_FP8_E4M3;
             const float *x = (kv ? vb : kb) + (size_t)j * per_layer;
-            cs = kva_fp8_calibrate(f, x, per_layer, KVA_CALIB_MSE, &lcal[(i * 2 + kv) * md.c.n_layers + j]);
+            cs = kva_fp8_calibrate(f, x, per_layer, KVA_CALIB_MSE, &R->lcal[(i * 2 + kv) * R->md.c.n_layers + j]);
             if (cs == KVA_OK)
               cs = kva_fp8_calibrate_heads(f, x, (int)(per_layer / (size_t)(G * D)), G, D, KVA_CALIB_MSE,
-                                           hcal + ((size_t)(i * 2 + kv) * (size_t)md.c.n_layers + (size_t)j) *
+                                           R->hcal + ((size_t)(i * 2 + kv) * (size_t)R->md.c.n_layers + (size_t)j) *
                                                       (size_t)G);
           }
     }
     free(kb);
     free(vb);
     if (cs != KVA_OK) {
-      qm_fail_row(&t, "ERROR FP8 calibration: %s%s", kva_status_str(cs), "");
-      goto out;
+      qm_fail_row(&R->t, "ERROR FP8 calibration: %s%s", kva_status_str(cs), "");
+      goto fail;
     }
     free(txt);
     txt = NULL;
   }
+  return 1;
+fail:
+  free(txt);
+  return 0;
+}
+
+/* The configurations and their caches (the f32 reference's too). */
+static int qm_configurations(qm_run *R) {
+  int i, j;
   /* ---- the configurations */
-  cf = (qm_cfg *)xalloc(sizeof(qm_cfg) * QM_MAXCFG);
-  memset(cf, 0, sizeof(qm_cfg) * QM_MAXCFG);
-  n_edge = L / 8 > 1 ? L / 8 : 1; /* f16 edge layers of the mixed configurations */
-  if (2 * n_edge >= L) n_edge = 0;
+  R->cf = (qm_cfg *)xalloc(sizeof(qm_cfg) * QM_MAXCFG);
+  memset(R->cf, 0, sizeof(qm_cfg) * QM_MAXCFG);
+  R->n_edge = R->L / 8 > 1 ? R->L / 8 : 1; /* f16 edge layers of the mixed configurations */
+  if (2 * R->n_edge >= R->L) R->n_edge = 0;
   {
     static const kva_dtype plain[] = {KVA_F32, KVA_F16, KVA_BF16, KVA_INT8, KVA_INT4};
     for (i = 0; i < NV(plain); i++) {
-      qm_cfg *q = &cf[n_cfg++];
+      qm_cfg *q = &R->cf[R->n_cfg++];
       q->kind = QK_STORE;
       q->co.k_dtype = q->co.v_dtype = plain[i];
       snprintf(q->name, sizeof q->name, "%s", kva_dtype_name(plain[i]));
     }
     for (i = 0; i < 8; i++) { /* per format: scale 1, one calibrated scale, per layer, per layer and head */
-      qm_cfg *q = &cf[n_cfg++];
+      qm_cfg *q = &R->cf[R->n_cfg++];
       int fi = i / 4, how = i % 4;
       kva_dtype f = fi ? KVA_FP8_E5M2 : KVA_FP8_E4M3;
       static const char *const how_name[4] = {"scale 1", "calibrated", "cal. per layer", "cal. per head"};
       q->kind = QK_FP8;
       q->co.k_dtype = q->co.v_dtype = f;
-      q->co.k_scale = how ? cal[fi][0] : 1.0f;
-      q->co.v_scale = how ? cal[fi][1] : 1.0f;
+      q->co.k_scale = how ? R->cal[fi][0] : 1.0f;
+      q->co.v_scale = how ? R->cal[fi][1] : 1.0f;
       if (how == 2) {
-        q->co.layer_k_scale = lcal + (size_t)(fi * 2) * (size_t)L;
-        q->co.layer_v_scale = lcal + (size_t)(fi * 2 + 1) * (size_t)L;
+        q->co.layer_k_scale = R->lcal + (size_t)(fi * 2) * (size_t)R->L;
+        q->co.layer_v_scale = R->lcal + (size_t)(fi * 2 + 1) * (size_t)R->L;
       }
       if (how == 3) {
-        q->co.head_k_scale = hcal + (size_t)(fi * 2) * (size_t)L * (size_t)md.c.n_kv_heads;
-        q->co.head_v_scale = hcal + (size_t)(fi * 2 + 1) * (size_t)L * (size_t)md.c.n_kv_heads;
+        q->co.head_k_scale = R->hcal + (size_t)(fi * 2) * (size_t)R->L * (size_t)R->md.c.n_kv_heads;
+        q->co.head_v_scale = R->hcal + (size_t)(fi * 2 + 1) * (size_t)R->L * (size_t)R->md.c.n_kv_heads;
       }
       snprintf(q->name, sizeof q->name, "%s %s", kva_dtype_name(f), how_name[how]);
     }
-    for (i = 0; i < 3 && n_edge > 0; i++) { /* f16 edge layers + int8, fp8 (calibrated), int4 */
-      qm_cfg *q = &cf[n_cfg++];
+    for (i = 0; i < 3 && R->n_edge > 0; i++) { /* f16 edge layers + int8, fp8 (calibrated), int4 */
+      qm_cfg *q = &R->cf[R->n_cfg++];
       kva_dtype mid = i == 1 ? KVA_FP8_E4M3 : i == 2 ? KVA_INT4 : KVA_INT8;
       char edges[40];
       q->kind = QK_MIXED;
-      for (j = 0; j < L; j++) q->ldt[j] = j < n_edge || j >= L - n_edge ? KVA_F16 : mid;
+      for (j = 0; j < R->L; j++) q->ldt[j] = j < R->n_edge || j >= R->L - R->n_edge ? KVA_F16 : mid;
       q->co.k_dtype = q->co.v_dtype = mid;
       q->co.layer_dtype = q->ldt;
-      if (i == 1) q->co.k_scale = cal[0][0], q->co.v_scale = cal[0][1];
-      if (n_edge == 1) snprintf(edges, sizeof edges, "L0,L%d", L - 1);
-      else snprintf(edges, sizeof edges, "L0-%d,L%d-%d", n_edge - 1, L - n_edge, L - 1);
+      if (i == 1) q->co.k_scale = R->cal[0][0], q->co.v_scale = R->cal[0][1];
+      if (R->n_edge == 1) snprintf(edges, sizeof edges, "L0,L%d", R->L - 1);
+      else snprintf(edges, sizeof edges, "L0-%d,L%d-%d", R->n_edge - 1, R->L - R->n_edge, R->L - 1);
       snprintf(q->name, sizeof q->name, "f16 %s + %s%s", edges, kva_dtype_name(mid), i == 1 ? " cal." : "");
     }
     for (i = 0; i < 2; i++) { /* int8 and int4 with rotated keys (kva_cache_desc.rotate) */
-      qm_cfg *q = &cf[n_cfg++];
+      qm_cfg *q = &R->cf[R->n_cfg++];
       q->kind = QK_STORE;
       q->co.k_dtype = q->co.v_dtype = i ? KVA_INT4 : KVA_INT8;
       q->co.rotate = KVA_ROTATE_K;
       snprintf(q->name, sizeof q->name, "%s rotated K", kva_dtype_name(q->co.k_dtype));
     }
     for (i = 0; i < 2; i++) { /* int8 and int4 with integer scores (kva_attn.int_scores) */
-      qm_cfg *q = &cf[n_cfg++];
+      qm_cfg *q = &R->cf[R->n_cfg++];
       q->kind = QK_STORE;
       q->co.k_dtype = q->co.v_dtype = i ? KVA_INT4 : KVA_INT8;
       q->int_scores = 1;
       snprintf(q->name, sizeof q->name, "%s int. scores", kva_dtype_name(q->co.k_dtype));
     }
     for (i = 0; i < 2; i++) { /* K against V: which one int4 hurts more (the other int8) */
-      qm_cfg *q = &cf[n_cfg++];
+      qm_cfg *q = &R->cf[R->n_cfg++];
       q->kind = QK_KV;
       q->co.k_dtype = i ? KVA_INT4 : KVA_INT8;
       q->co.v_dtype = i ? KVA_INT8 : KVA_INT4;
       snprintf(q->name, sizeof q->name, "K %s, V %s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
     }
     for (i = 0; i < 3; i++)
-      for (j = 0; j < o->n_budgets && n_cfg < QM_MAXCFG; j++) {
-        qm_cfg *q = &cf[n_cfg++];
-        int b = (int)floor((double)o->budgets[j] * W / 100.0 + 0.5);
+      for (j = 0; j < R->o->n_budgets && R->n_cfg < QM_MAXCFG; j++) {
+        qm_cfg *q = &R->cf[R->n_cfg++];
+        int b = (int)floor((double)R->o->budgets[j] * R->W / 100.0 + 0.5);
         q->kind = QK_EVICT;
-        q->pct = (int)o->budgets[j];
+        q->pct = (int)R->o->budgets[j];
         q->co.k_dtype = q->co.v_dtype = KVA_F32;
         q->ev.kind = i < 2 ? KVA_EVICT_WINDOW : KVA_EVICT_H2O;
         q->ev.budget = b < 1 ? 1 : b;
         q->ev.n_sink = i ? (q->ev.budget >= 8 ? 4 : 0) : 0;
         q->ev.n_recent = i == 2 ? q->ev.budget / 2 : 0;
         if (q->ev.n_sink + q->ev.n_recent > q->ev.budget) q->ev.n_recent = q->ev.budget - q->ev.n_sink;
-        snprintf(q->name, sizeof q->name, "%s %ld%%%s", i < 2 ? "WINDOW" : "H2O", o->budgets[j],
+        snprintf(q->name, sizeof q->name, "%s %ld%%%s", i < 2 ? "WINDOW" : "H2O", R->o->budgets[j],
                  i == 1 ? " + 4 sinks" : i == 2 ? " (4 sinks)" : "");
       }
   }
-  ref.co.k_dtype = ref.co.v_dtype = KVA_F32;
-  snprintf(ref.name, sizeof ref.name, "f32 reference");
-  for (i = -1; i < n_cfg; i++) {
-    qm_cfg *q = i < 0 ? &ref : &cf[i];
+  R->ref.co.k_dtype = R->ref.co.v_dtype = KVA_F32;
+  snprintf(R->ref.name, sizeof R->ref.name, "f32 reference");
+  for (i = -1; i < R->n_cfg; i++) {
+    qm_cfg *q = i < 0 ? &R->ref : &R->cf[i];
     kva_status cs;
-    q->co.n_blocks = llm_blocks_for(&q->co, W);
+    q->co.n_blocks = llm_blocks_for(&q->co, R->W);
     q->co.max_seqs = 1;
-    q->bpt = llm_cache_bytes_per_token(&md, &q->co);
-    if ((cs = llm_cache_create(&md, &q->co, &q->c)) != KVA_OK) {
+    q->bpt = llm_cache_bytes_per_token(&R->md, &q->co);
+    if ((cs = llm_cache_create(&R->md, &q->co, &q->c)) != KVA_OK) {
       q->bad = 1;
       snprintf(q->msg, sizeof q->msg, "ERROR cache: %s", kva_status_str(cs));
       if (i < 0) {
-        qm_fail_row(&t, "ERROR f32 reference cache: %s%s", kva_status_str(cs), "");
-        goto out;
+        qm_fail_row(&R->t, "ERROR f32 reference cache: %s%s", kva_status_str(cs), "");
+        goto fail;
       }
     }
   }
+  return 1;
+fail:
+  return 0;
+}
+
+/* Loss and KL, window by window: the reference, then every configuration against it. */
+static int qm_loss_kl(qm_run *R) {
+  int i, w;
   /* ---- loss and KL, window by window: the reference, then every configuration */
-  lp = (double *)xalloc((size_t)W * V * sizeof(double));
-  pp = (double *)xalloc((size_t)W * V * sizeof(double));
-  for (w = 0; w < n_win; w++) {
-    int start = w * W, len = n_ids - start < W ? n_ids - start : W;
-    int32_t after = start + len < n_ids ? ids[start + len] : -1;
+  R->lp = (double *)xalloc((size_t)R->W * R->V * sizeof(double));
+  R->pp = (double *)xalloc((size_t)R->W * R->V * sizeof(double));
+  for (w = 0; w < R->n_win; w++) {
+    int start = w * R->W, len = R->n_ids - start < R->W ? R->n_ids - start : R->W;
+    int32_t after = start + len < R->n_ids ? R->ids[start + len] : -1;
     kva_status cs;
-    double el = now_s() - t_start;
+    double el = now_s() - R->t_start;
     if (w > 0)
       progress("quality model: loss, window %d/%d (%d configurations + the f32 reference), %.0f s, about %.0f s left",
-               w + 1, n_win, n_cfg, el, el / w * (n_win - w));
+               w + 1, R->n_win, R->n_cfg, el, el / w * (R->n_win - w));
     else
-      progress("quality model: loss, window 1/%d (%d configurations + the f32 reference)", n_win, n_cfg);
-    if ((cs = qm_window(&md, &st, &ref, ids + start, len, after, NULL, NULL, lp, pp)) != KVA_OK) {
-      qm_fail_row(&t, "ERROR f32 reference: %s%s", kva_status_str(cs), "");
-      goto out;
+      progress("quality model: loss, window 1/%d (%d configurations + the f32 reference)", R->n_win, R->n_cfg);
+    if ((cs = qm_window(&R->md, &R->st, &R->ref, R->ids + start, len, after, NULL, NULL, R->lp, R->pp)) != KVA_OK) {
+      qm_fail_row(&R->t, "ERROR f32 reference: %s%s", kva_status_str(cs), "");
+      goto fail;
     }
-    for (i = 0; i < n_cfg; i++) {
-      qm_cfg *q = &cf[i];
+    for (i = 0; i < R->n_cfg; i++) {
+      qm_cfg *q = &R->cf[i];
       if (q->bad) continue;
-      if ((cs = qm_window(&md, &st, q, ids + start, len, after, lp, pp, NULL, NULL)) != KVA_OK) {
+      if ((cs = qm_window(&R->md, &R->st, q, R->ids + start, len, after, R->lp, R->pp, NULL, NULL)) != KVA_OK) {
         q->bad = 1;
         snprintf(q->msg, sizeof q->msg, "ERROR window %d: %s", w, kva_status_str(cs));
       }
     }
   }
+  return 1;
+fail:
+  return 0;
+}
+
+/* Passkey retrieval and decode speed of every configuration. */
+static int qm_passkeys(qm_run *R) {
+  int i, j;
   /* ---- passkey retrieval and decode speed */
-  t_loss = now_s() - t_start;
-  for (j = 0; j < n_cases; j++) {
+  R->t_loss = now_s() - R->t_start;
+  for (j = 0; j < R->n_cases; j++) {
     int d;
-    double el = now_s() - t_start;
+    double el = now_s() - R->t_start;
     if (j > 0)
       progress("quality model: passkey case %d/%d (distance %.2f of seq_len), %.0f s, about %.0f s left", j + 1,
-               n_cases, cases[j].frac, el, (el - t_loss) / j * (n_cases - j));
+               R->n_cases, R->cases[j].frac, el, (el - R->t_loss) / j * (R->n_cases - j));
     else
-      progress("quality model: passkey case 1/%d (distance %.2f of seq_len), %.0f s", n_cases, cases[j].frac, el);
+      progress("quality model: passkey case 1/%d (distance %.2f of seq_len), %.0f s", R->n_cases, R->cases[j].frac, el);
     for (d = 0; d < 3; d++)
-      if (fabs(cases[j].frac - pk_frac[d]) < 1e-6) break;
-    for (i = 0; i < n_cfg; i++) {
-      qm_cfg *q = &cf[i];
+      if (fabs(R->cases[j].frac - pk_frac[d]) < 1e-6) break;
+    for (i = 0; i < R->n_cfg; i++) {
+      qm_cfg *q = &R->cf[i];
       int ok;
       kva_status cs;
       if (q->bad) continue;
-      if ((cs = qm_passkey(&md, &st, &tz, q, &cases[j], &ok)) != KVA_OK) {
+      if ((cs = qm_passkey(&R->md, &R->st, &R->tz, q, &R->cases[j], &ok)) != KVA_OK) {
         q->bad = 1;
         snprintf(q->msg, sizeof q->msg, "ERROR passkey case %d: %s", j, kva_status_str(cs));
         continue;
@@ -582,119 +631,15 @@ void quality_model(const opts *o, const machine *m) {
     }
   }
   progress_end();
-  /* ---- rows and checks */
-  {
-    const double ref_loss = ref.nll / (double)ref.n_nll;
-    const size_t per = (size_t)2 * L * md.c.n_kv_heads * md.c.head_dim;
-    for (i = 0; i < n_cfg; i++) {
-      qm_cfg *q = &cf[i];
-      row *r = rows_add(&t, "model");
-      double loss = q->n_nll ? q->nll / (double)q->n_nll : NAN;
-      int d;
-      char chk[240];
-      chk[0] = 0;
-      rs(r, C_SCHEME, "%s", qk_name[q->kind]);
-      rs(r, C_NAME, "%s", q->name);
-      rs(r, C_MODEL, "%s", dir);
-      rn(r, C_LAYERS, L);
-      rn(r, C_HEADS, md.c.n_heads);
-      rn(r, C_KVHEADS, md.c.n_kv_heads);
-      rn(r, C_HEADDIM, md.c.head_dim);
-      rn(r, C_CTX, W);
-      rn(r, C_THREADS, threads);
-      if (q->kind == QK_KV) rs(r, C_DTYPE, "%s/%s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
-      else rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : kva_dtype_name(q->co.k_dtype));
-      rn(r, C_BPT, (double)q->bpt);
-      if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0)) {
-        rn(r, C_KSCALE, q->co.k_scale);
-        rn(r, C_VSCALE, q->co.v_scale);
-      }
-      if (q->kind == QK_EVICT) {
-        rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
-        rn(r, C_BUDGET, q->ev.budget);
-        rn(r, C_BUDGETFRAC, (double)q->ev.budget / W);
-        rn(r, C_NSINK, q->ev.n_sink);
-        if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
-        rn(r, C_BHELD, (double)q->bpt * (q->ev.budget < W ? q->ev.budget : W));
-      } else {
-        rs(r, C_POLICY, "none");
-        rn(r, C_BHELD, (double)q->bpt * W);
-      }
-      if (q->bad) {
-        rs(r, C_NOTE, "%s", q->msg);
-        rs(r, C_PASS, "ERROR");
-        g_failed = 1;
-        ok_all = 0;
-        continue;
-      }
-      rn(r, C_TOKENS, (double)q->n_nll);
-      rn(r, C_LOSS, loss);
-      rn(r, C_PPL, exp(loss));
-      rn(r, C_DLOSS, loss - ref_loss);
-      rn(r, C_KL, q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1));
-      if (q->n_kl[1]) rn(r, C_KLQ1, q->kl[1] / (double)q->n_kl[1]);
-      if (q->n_kl[2]) rn(r, C_KLQ4, q->kl[2] / (double)q->n_kl[2]);
-      for (d = 0; d < 3; d++)
-        if (q->pk_n[d]) rn(r, d == 0 ? C_PK25 : d == 1 ? C_PK50 : C_PK90, (double)q->pk_ok[d] / q->pk_n[d]);
-      rn(r, C_PKN, (double)(q->pk_n[0] + q->pk_n[1] + q->pk_n[2]));
-      if (q->n_dec) {
-        rn(r, C_TOKS, (double)q->n_dec / q->t_dec);
-        rn(r, C_KVASHARE, q->t_kva / q->t_dec);
-      }
-      /* checks */
-      if (!isfinite(loss)) snprintf(chk, sizeof chk, "FAIL loss is not finite");
-      else if (q->held_bad) snprintf(chk, sizeof chk, "FAIL %s", q->msg);
-      else if (q->pk_n[0] + q->pk_n[1] + q->pk_n[2] != n_cases || q->pk_ok[0] > q->pk_n[0] ||
-               q->pk_ok[1] > q->pk_n[1] || q->pk_ok[2] > q->pk_n[2])
-        snprintf(chk, sizeof chk, "FAIL passkey: %d of %d cases run", q->pk_n[0] + q->pk_n[1] + q->pk_n[2], n_cases);
-      else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32) {
-        q->checked = 1;
-        if (q->kl[0] != 0.0 || q->nll != ref.nll)
-          snprintf(chk, sizeof chk, "FAIL a second f32 run differs from the reference (KL %.3g, loss %.9g vs %.9g)",
-                   q->kl[0], loss, ref_loss);
-        else if (q->bpt != per * 4)
-          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want 2 x layers x KV heads x head dim x 4 = %lu",
-                   (unsigned long)q->bpt, (unsigned long)(per * 4));
-      } else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) {
-        double kl = q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1);
-        q->checked = 1;
-        if (!(kl < QM_F16_KL_MAX) || kl < 0)
-          snprintf(chk, sizeof chk, "FAIL f16 KL %.3g not in [0, %g)", kl, QM_F16_KL_MAX);
-        else if (q->bpt != per * 2)
-          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want 2 x layers x KV heads x head dim x 2 = %lu",
-                   (unsigned long)q->bpt, (unsigned long)(per * 2));
-      } else if (q->kind == QK_EVICT)
-        q->checked = 1;
-      if (!chk[0]) { /* every configuration: its bytes per token from the storage formats */
-        size_t want = qm_expect_bpt(&q->co, L, md.c.n_kv_heads, md.c.head_dim);
-        q->checked = 1;
-        if (q->bpt != want)
-          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want %lu (every layer's K and V rows in their types)",
-                   (unsigned long)q->bpt, (unsigned long)want);
-      }
-      if (chk[0]) {
-        rs(r, C_PASS, "FAIL");
-        rs(r, C_NOTE, "%s", chk);
-        g_failed = 1;
-        ok_all = 0;
-      } else {
-        rs(r, C_PASS, q->checked ? "ok" : "");
-        if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0))
-        {
-          const float *ks = q->co.head_k_scale ? q->co.head_k_scale : q->co.layer_k_scale;
-          const float *vs = q->co.head_v_scale ? q->co.head_v_scale : q->co.layer_v_scale;
-          size_t n = q->co.head_k_scale ? (size_t)L * (size_t)md.c.n_kv_heads : (size_t)L;
-          if (ks)
-            rs(r, C_NOTE, "scales K %s, V %s", qm_range(ks, n, 0), qm_range(vs, n, 1));
-          else
-            rs(r, C_NOTE, "scales K %.3g V %.3g", q->co.k_scale, q->co.v_scale);
-        }
-        else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32)
-          rs(r, C_NOTE, "a second run: bit-identical to the reference");
-        else if (q->kind == QK_EVICT)
-          rs(r, C_NOTE, "held = min(tokens, %d) after every step", q->ev.budget);
-      }
-    }
+  return 1;
+}
+
+/* The table of every configuration (table mode), the published anchors and what this model shows
+   beside them. */
+static void qm_table(qm_run *R) {
+  const double ref_loss = R->ref.nll / (double)R->ref.n_nll;
+  int i, j;
+  char title[3000];
     if (g_fmt == OUT_TABLE) {
       static const vcol vv[] = {{C_SCHEME, "kind", FM_STR},        {C_NAME, "config", FM_STR},
                                 {C_BPT, "B/token", FM_SEP},        {C_BHELD, "KV B @seq_len", FM_SEP},
@@ -705,8 +650,8 @@ void quality_model(const opts *o, const machine *m) {
                                 {C_PK90, "pk .9", FM_F2},          {C_TOKS, "tok/s", FM_SEP},
                                 {C_KVASHARE, "in kvattn", FM_PCT}, {C_PASS, "check", FM_STR},
                                 {C_NOTE, "note", FM_STR}};
-      long n_tok = ref.n_nll;
-      int pk_per = n_cases / 3;
+      long n_tok = R->ref.n_nll;
+      int pk_per = R->n_cases / 3;
       snprintf(title, sizeof title,
                "KV-cache configurations on the trained model in %s: %d layers, dim %d, %d heads, %d KV heads, head "
                "dim %d,\n"
@@ -738,9 +683,9 @@ void quality_model(const opts *o, const machine *m) {
                "h2o:B:4:B/2);\n"
                "  H2O keeps 4 sinks and n_recent = budget/2 (the H2O paper's half heavy, half recent) beside its heavy "
                "hitters.",
-               dir, L, md.c.dim, md.c.n_heads, md.c.n_kv_heads, md.c.head_dim, V, W, threads, n_tok, n_win, W, ref_loss,
-               exp(ref_loss), W / 4 - 1, W - W / 4, W - 1, pk_per, n_cases ? cases[0].n : 0, W, n_edge);
-      print_table(title, vv, NV(vv), &t, C_SCHEME);
+               R->dir, R->L, R->md.c.dim, R->md.c.n_heads, R->md.c.n_kv_heads, R->md.c.head_dim, R->V, R->W, R->threads, n_tok, R->n_win, R->W, ref_loss,
+               exp(ref_loss), R->W / 4 - 1, R->W - R->W / 4, R->W - 1, pk_per, R->n_cases ? R->cases[0].n : 0, R->W, R->n_edge);
+      print_table(title, vv, NV(vv), &R->t, C_SCHEME);
       /* published anchors and a comparison */
       text("\nPublished anchors (other models, other setups; for orientation):\n"
            "  llama.cpp pull request #7412 (github.com/ggerganov/llama.cpp/pull/7412): a q8_0 K+V cache on Llama models "
@@ -757,8 +702,8 @@ void quality_model(const opts *o, const machine *m) {
         const qm_cfg *i8r = NULL, *i4r = NULL; /* with rotated keys */
         const qm_cfg *i8q = NULL, *i4q = NULL; /* with integer scores */
         int b20 = -1;
-        for (i = 0; i < n_cfg; i++) {
-          const qm_cfg *q = &cf[i];
+        for (i = 0; i < R->n_cfg; i++) {
+          const qm_cfg *q = &R->cf[i];
           if (q->bad) continue;
           if (q->kind == QK_STORE && q->co.rotate) *(q->co.k_dtype == KVA_INT4 ? &i4r : &i8r) = q;
           if (q->kind == QK_STORE && q->co.rotate) continue;
@@ -770,19 +715,19 @@ void quality_model(const opts *o, const machine *m) {
           if (q->kind == QK_MIXED && q->co.k_dtype == KVA_INT4) i4e = q;
           if (q->kind == QK_KV) *(q->co.k_dtype == KVA_INT4 ? &k4v8 : &k8v4) = q;
           if (q->kind == QK_EVICT)
-            for (j = 0; j < o->n_budgets; j++)
-              if (q->pct == o->budgets[j]) {
+            for (j = 0; j < R->o->n_budgets; j++)
+              if (q->pct == R->o->budgets[j]) {
                 if (q->ev.kind == KVA_EVICT_H2O) h2o[j] = q;
                 else if (q->ev.n_sink) sink[j] = q;
                 else win[j] = q;
-                if (o->budgets[j] == 20) b20 = j;
+                if (R->o->budgets[j] == 20) b20 = j;
               }
         }
         text("Here (the f32 cache as the reference):\n");
         if (f16 && i8)
           text("  int8 (one float scale per token and KV head: groups of %d values, as q8_0's 32) KL %.2e vs llama.cpp "
                "q8_0 9.8e-04;\n    f16 KL %.2e vs 1.9e-04 there; int8 perplexity %+.4f (%+.3f%%) vs about +0.002\n",
-               md.c.head_dim, i8->kl[0] / (double)i8->n_kl[0], f16->kl[0] / (double)f16->n_kl[0],
+               R->md.c.head_dim, i8->kl[0] / (double)i8->n_kl[0], f16->kl[0] / (double)f16->n_kl[0],
                exp(i8->nll / (double)i8->n_nll) - exp(ref_loss),
                100.0 * (exp(i8->nll / (double)i8->n_nll - ref_loss) - 1.0));
         if (i8 && i4) {
@@ -806,12 +751,12 @@ void quality_model(const opts *o, const machine *m) {
         if (i8 && i4 && i8r && i4r)
           text("  rotated keys (kva_cache_desc.rotate): int8 KL %.2e -> %.2e, int4 KL %.2e -> %.2e (head dim %d)\n",
                i8->kl[0] / (double)i8->n_kl[0], i8r->kl[0] / (double)i8r->n_kl[0], i4->kl[0] / (double)i4->n_kl[0],
-               i4r->kl[0] / (double)i4r->n_kl[0], md.c.head_dim);
+               i4r->kl[0] / (double)i4r->n_kl[0], R->md.c.head_dim);
         if (i8 && i4 && i8q && i4q)
           text("  integer scores (kva_attn.int_scores, int8 query codes): int8 KL %.2e -> %.2e, int4 KL %.2e -> %.2e\n",
                i8->kl[0] / (double)i8->n_kl[0], i8q->kl[0] / (double)i8q->n_kl[0], i4->kl[0] / (double)i4->n_kl[0],
                i4q->kl[0] / (double)i4q->n_kl[0]);
-        if (b20 < 0 && o->n_budgets > 0) b20 = 0;
+        if (b20 < 0 && R->o->n_budgets > 0) b20 = 0;
         if (b20 >= 0 && win[b20] && sink[b20] && h2o[b20]) {
           /* collapse: perplexity x1.5 or more; close: within 2 %; a difference: more than 10 % of the larger
              added loss + 0.001 nats */
@@ -826,7 +771,7 @@ void quality_model(const opts *o, const machine *m) {
                "    H2O %+.4f (%+.2f%%, %.1e): %s; %s the window with sinks\n"
                "    (collapse = perplexity x1.5 or more; close = within 2%%; a difference = more than 10%% of the larger "
                "d loss + 0.001)\n",
-               o->budgets[b20], win[b20]->ev.budget, lw, 100.0 * (exp(lw) - 1.0), win[b20]->kl[0] / win[b20]->n_kl[0],
+               R->o->budgets[b20], win[b20]->ev.budget, lw, 100.0 * (exp(lw) - 1.0), win[b20]->kl[0] / win[b20]->n_kl[0],
                lw > log(1.5) ? "collapses, as StreamingLLM reports" : "no collapse, unlike StreamingLLM's models", ls,
                100.0 * (exp(ls) - 1.0), sink[b20]->kl[0] / sink[b20]->n_kl[0],
                ls < lw - tws ? "the sinks help" : ls > lw + tws ? "the sinks hurt" : "the sinks make no difference",
@@ -836,29 +781,161 @@ void quality_model(const opts *o, const machine *m) {
         }
       }
     }
+}
+
+/* One row per configuration with its checks; the table, the anchors and the comparisons. */
+static int qm_rows(qm_run *R) {
+  int i;
+  /* ---- rows and checks */
+  {
+    const double ref_loss = R->ref.nll / (double)R->ref.n_nll;
+    const size_t per = (size_t)2 * R->L * R->md.c.n_kv_heads * R->md.c.head_dim;
+    for (i = 0; i < R->n_cfg; i++) {
+      qm_cfg *q = &R->cf[i];
+      row *r = rows_add(&R->t, "model");
+      double loss = q->n_nll ? q->nll / (double)q->n_nll : NAN;
+      int d;
+      char chk[256]; /* "FAIL " and a message of up to 239 bytes */
+      chk[0] = 0;
+      rs(r, C_SCHEME, "%s", qk_name[q->kind]);
+      rs(r, C_NAME, "%s", q->name);
+      rs(r, C_MODEL, "%s", R->dir);
+      rn(r, C_LAYERS, R->L);
+      rn(r, C_HEADS, R->md.c.n_heads);
+      rn(r, C_KVHEADS, R->md.c.n_kv_heads);
+      rn(r, C_HEADDIM, R->md.c.head_dim);
+      rn(r, C_CTX, R->W);
+      rn(r, C_THREADS, R->threads);
+      if (q->kind == QK_KV) rs(r, C_DTYPE, "%s/%s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
+      else rs(r, C_DTYPE, "%s", q->kind == QK_MIXED ? "mixed" : kva_dtype_name(q->co.k_dtype));
+      rn(r, C_BPT, (double)q->bpt);
+      if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0)) {
+        rn(r, C_KSCALE, q->co.k_scale);
+        rn(r, C_VSCALE, q->co.v_scale);
+      }
+      if (q->kind == QK_EVICT) {
+        rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
+        rn(r, C_BUDGET, q->ev.budget);
+        rn(r, C_BUDGETFRAC, (double)q->ev.budget / R->W);
+        rn(r, C_NSINK, q->ev.n_sink);
+        if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
+        rn(r, C_BHELD, (double)q->bpt * (q->ev.budget < R->W ? q->ev.budget : R->W));
+      } else {
+        rs(r, C_POLICY, "none");
+        rn(r, C_BHELD, (double)q->bpt * R->W);
+      }
+      if (q->bad) {
+        rs(r, C_NOTE, "%s", q->msg);
+        rs(r, C_PASS, "ERROR");
+        g_failed = 1;
+        R->ok_all = 0;
+        continue;
+      }
+      rn(r, C_TOKENS, (double)q->n_nll);
+      rn(r, C_LOSS, loss);
+      rn(r, C_PPL, exp(loss));
+      rn(r, C_DLOSS, loss - ref_loss);
+      rn(r, C_KL, q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1));
+      if (q->n_kl[1]) rn(r, C_KLQ1, q->kl[1] / (double)q->n_kl[1]);
+      if (q->n_kl[2]) rn(r, C_KLQ4, q->kl[2] / (double)q->n_kl[2]);
+      for (d = 0; d < 3; d++)
+        if (q->pk_n[d]) rn(r, d == 0 ? C_PK25 : d == 1 ? C_PK50 : C_PK90, (double)q->pk_ok[d] / q->pk_n[d]);
+      rn(r, C_PKN, (double)(q->pk_n[0] + q->pk_n[1] + q->pk_n[2]));
+      if (q->n_dec) {
+        rn(r, C_TOKS, (double)q->n_dec / q->t_dec);
+        rn(r, C_KVASHARE, q->t_kva / q->t_dec);
+      }
+      /* checks */
+      if (!isfinite(loss)) snprintf(chk, sizeof chk, "FAIL loss is not finite");
+      else if (q->held_bad) snprintf(chk, sizeof chk, "FAIL %s", q->msg);
+      else if (q->pk_n[0] + q->pk_n[1] + q->pk_n[2] != R->n_cases || q->pk_ok[0] > q->pk_n[0] ||
+               q->pk_ok[1] > q->pk_n[1] || q->pk_ok[2] > q->pk_n[2])
+        snprintf(chk, sizeof chk, "FAIL passkey: %d of %d cases run", q->pk_n[0] + q->pk_n[1] + q->pk_n[2], R->n_cases);
+      else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32) {
+        q->checked = 1;
+        if (q->kl[0] != 0.0 || q->nll != R->ref.nll)
+          snprintf(chk, sizeof chk, "FAIL a second f32 run differs from the reference (KL %.3g, loss %.9g vs %.9g)",
+                   q->kl[0], loss, ref_loss);
+        else if (q->bpt != per * 4)
+          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want 2 x layers x KV heads x head dim x 4 = %lu",
+                   (unsigned long)q->bpt, (unsigned long)(per * 4));
+      } else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F16) {
+        double kl = q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1);
+        q->checked = 1;
+        if (!(kl < QM_F16_KL_MAX) || kl < 0)
+          snprintf(chk, sizeof chk, "FAIL f16 KL %.3g not in [0, %g)", kl, QM_F16_KL_MAX);
+        else if (q->bpt != per * 2)
+          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want 2 x layers x KV heads x head dim x 2 = %lu",
+                   (unsigned long)q->bpt, (unsigned long)(per * 2));
+      } else if (q->kind == QK_EVICT)
+        q->checked = 1;
+      if (!chk[0]) { /* every configuration: its bytes per token from the storage formats */
+        size_t want = qm_expect_bpt(&q->co, R->L, R->md.c.n_kv_heads, R->md.c.head_dim);
+        q->checked = 1;
+        if (q->bpt != want)
+          snprintf(chk, sizeof chk, "FAIL %lu bytes per token, want %lu (every layer's K and V rows in their types)",
+                   (unsigned long)q->bpt, (unsigned long)want);
+      }
+      if (chk[0]) {
+        rs(r, C_PASS, "FAIL");
+        rs(r, C_NOTE, "%s", chk);
+        g_failed = 1;
+        R->ok_all = 0;
+      } else {
+        rs(r, C_PASS, q->checked ? "ok" : "");
+        if (q->kind == QK_FP8 || (q->kind == QK_MIXED && q->co.k_scale > 0))
+        {
+          const float *ks = q->co.head_k_scale ? q->co.head_k_scale : q->co.layer_k_scale;
+          const float *vs = q->co.head_v_scale ? q->co.head_v_scale : q->co.layer_v_scale;
+          size_t n = q->co.head_k_scale ? (size_t)R->L * (size_t)R->md.c.n_kv_heads : (size_t)R->L;
+          if (ks)
+            rs(r, C_NOTE, "scales K %s, V %s", qm_range(ks, n, 0), qm_range(vs, n, 1));
+          else
+            rs(r, C_NOTE, "scales K %.3g V %.3g", q->co.k_scale, q->co.v_scale);
+        }
+        else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32)
+          rs(r, C_NOTE, "a second run: bit-identical to the reference");
+        else if (q->kind == QK_EVICT)
+          rs(r, C_NOTE, "held = min(tokens, %d) after every step", q->ev.budget);
+      }
+    }
+    if (g_fmt == OUT_TABLE) qm_table(R);
   }
   text("model part checks: %s\n",
-       ok_all ? "passed (f32 twice bit-identical: KL 0, the same loss; f16 KL below 1e-3; f32 / f16 bytes per token "
+       R->ok_all ? "passed (f32 twice bit-identical: KL 0, the same loss; f16 KL below 1e-3; f32 / f16 bytes per token "
                 "= 2 x layers x KV heads x head dim x 4 / 2; every configuration's bytes per token from the storage formats; every loss finite; every configuration ran every passkey case; eviction holds min(tokens, budget))"
               : "FAILED (see FAIL / ERROR above)");
-out:
+  return 1;
+}
+
+void quality_model(const opts *o, const machine *m) {
+  qm_run run, *R = &run;
+  int i;
+  (void)m;
+  memset(R, 0, sizeof *R);
+  R->o = o;
+  R->dir = o->model_dir ? o->model_dir : "bench/model";
+  R->threads = o->n_threads > 0 ? (int)o->threads[0] : 1;
+  R->t_start = now_s();
+  R->cal[0][0] = R->cal[0][1] = R->cal[1][0] = R->cal[1][1] = 1.0f;
+  R->ok_all = 1;
+  if (qm_load(R) && qm_fp8_scales(R) && qm_configurations(R) && qm_loss_kl(R) && qm_passkeys(R)) qm_rows(R);
   progress_end();
-  emit_rows(&t);
-  rows_free(&t);
-  if (cf)
-    for (i = 0; i < n_cfg; i++)
-      if (cf[i].c) kva_cache_destroy(cf[i].c);
-  if (ref.c) kva_cache_destroy(ref.c);
-  for (i = 0; i < n_cases; i++) free(cases[i].tok);
-  free(cases);
-  free(cf);
-  free(lcal);
-  free(hcal);
-  free(lp);
-  free(pp);
-  free(ids);
-  free(txt);
-  llm_state_free(&st);
-  if (have_tz) llm_tokenizer_free(&tz);
-  llm_model_free(&md);
+  emit_rows(&R->t);
+  rows_free(&R->t);
+  if (R->cf)
+    for (i = 0; i < R->n_cfg; i++)
+      if (R->cf[i].c) kva_cache_destroy(R->cf[i].c);
+  if (R->ref.c) kva_cache_destroy(R->ref.c);
+  for (i = 0; i < R->n_cases; i++) free(R->cases[i].tok);
+  free(R->cases);
+  free(R->cf);
+  free(R->lcal);
+  free(R->hcal);
+  free(R->lp);
+  free(R->pp);
+  free(R->ids);
+  llm_state_free(&R->st);
+  if (R->have_tz) llm_tokenizer_free(&R->tz);
+  llm_model_free(&R->md);
 }
