@@ -358,64 +358,12 @@ def batch_of_phase(corpus, step, phase):
 
 
 # ---------------------------------------------------------------- model
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        L = torch.nn.Linear
-        self.att_norm = torch.nn.Parameter(torch.ones(DIM))
-        self.wq = L(DIM, N_HEADS * HEAD_SIZE, bias=False)
-        self.wk = L(DIM, N_KV_HEADS * HEAD_SIZE, bias=False)
-        self.wv = L(DIM, N_KV_HEADS * HEAD_SIZE, bias=False)
-        self.wo = L(N_HEADS * HEAD_SIZE, DIM, bias=False)
-        self.ffn_norm = torch.nn.Parameter(torch.ones(DIM))
-        self.w1 = L(DIM, HIDDEN, bias=False)
-        self.w2 = L(HIDDEN, DIM, bias=False)
-        self.w3 = L(DIM, HIDDEN, bias=False)
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB_SIZE, DIM)
-        self.layers = torch.nn.ModuleList([Block() for _ in range(N_LAYERS)])
-        self.norm = torch.nn.Parameter(torch.ones(DIM))
-        for n, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02
-                if n.endswith("wo.weight") or n.endswith("w2.weight"):
-                    std = 0.02 / math.sqrt(2 * N_LAYERS)
-                torch.nn.init.normal_(p, 0.0, std)
-        self.rope = {}
-
-    def tables(self, T, dtype):
-        key = (T, dtype)
-        if key not in self.rope:
-            self.rope[key] = prose.rope_tables(T, HEAD_SIZE, dtype)
-        return self.rope[key]
-
-    def forward(self, idx):
-        B, T = idx.shape
-        cos, sin = self.tables(T, self.emb.weight.dtype)
-        mask = torch.full((T, T), float("-inf"), dtype=self.emb.weight.dtype).triu(1)
-        x = self.emb(idx)
-        rep = N_HEADS // N_KV_HEADS
-        for L in self.layers:
-            h = prose.rmsnorm(x, L.att_norm)
-            q = prose.apply_rope(L.wq(h).view(B, T, N_HEADS, HEAD_SIZE), cos, sin)
-            k = prose.apply_rope(L.wk(h).view(B, T, N_KV_HEADS, HEAD_SIZE), cos, sin)
-            v = L.wv(h).view(B, T, N_KV_HEADS, HEAD_SIZE)
-            # query head h reads KV head h // rep, as kvattn does
-            k = k.repeat_interleave(rep, dim=2)
-            v = v.repeat_interleave(rep, dim=2)
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            att = (q * (1.0 / math.sqrt(HEAD_SIZE))) @ k.transpose(-1, -2) + mask
-            att = F.softmax(att, dim=-1)
-            o = (att @ v).transpose(1, 2).reshape(B, T, N_HEADS * HEAD_SIZE)
-            x = x + L.wo(o)
-            h = prose.rmsnorm(x, L.ffn_norm)
-            x = x + L.w2(F.silu(L.w1(h)) * L.w3(h))
-        x = prose.rmsnorm(x, self.norm)
-        return x @ self.emb.weight.t()
+def make_model():
+    """The prose script's model (llama2.c's architecture) at this script's
+    shape: its module constants are set to ours first."""
+    for k in ("DIM", "N_LAYERS", "N_HEADS", "N_KV_HEADS", "HIDDEN", "SEQ_LEN", "VOCAB_SIZE"):
+        setattr(prose, k, globals()[k])
+    return prose.Model()
 
 
 def make_optimizer(model):
@@ -538,24 +486,9 @@ def load_ckpt(model, opt):
 
 # ---------------------------------------------------------------- export
 def export(model, path):
-    """llama2.c legacy checkpoint: 7 int32 (dim, hidden, layers, heads, KV
-    heads, vocab (positive: classifier tied to the embedding), seq_len), the
-    float32 tensors, then the RoPE cos and sin tables."""
-    with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<7i", DIM, HIDDEN, N_LAYERS, N_HEADS, N_KV_HEADS, VOCAB_SIZE, SEQ_LEN))
-
-        def w(t):
-            f.write(t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes())
-        w(model.emb.weight)
-        for name in ["att_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3"]:
-            for L in model.layers:
-                p = getattr(L, name)
-                w(p if isinstance(p, torch.Tensor) else p.weight)
-        w(model.norm)
-        cos, sin = prose.rope_tables(SEQ_LEN, HEAD_SIZE, torch.float32)
-        w(cos)
-        w(sin)
-    os.replace(path + ".tmp", path)
+    """llama2.c legacy checkpoint, written by the prose script at our shape."""
+    make_model()
+    prose.export(model, path)
 
 
 NEEDLE_LENGTHS = (1024, 2048)
@@ -615,15 +548,9 @@ def write_ref_logits(corpus, model_path):
     ids = corpus.tok.encode(REF_SENTENCE)
     W = prose.load_bin_numpy(model_path)
     ref = prose.numpy_forward(W, ids)
-    m = Model().double()
+    m = make_model().double()
+    prose.load_into_torch(m, W)
     with torch.no_grad():
-        m.emb.weight.copy_(torch.from_numpy(W["emb"]))
-        m.norm.copy_(torch.from_numpy(W["rms_final"]))
-        for l, L in enumerate(m.layers):
-            L.att_norm.copy_(torch.from_numpy(W["rms_att"][l]))
-            L.ffn_norm.copy_(torch.from_numpy(W["rms_ffn"][l]))
-            for n in ["wq", "wk", "wv", "wo", "w1", "w2", "w3"]:
-                getattr(L, n).weight.copy_(torch.from_numpy(W[n][l]))
         tl = m(torch.tensor([ids]))[0].numpy()
     err = float(np.abs(tl - ref).max())
     log("ref logits: %d positions, numpy decode against torch prefill (float64): max |diff| %.3g"
@@ -639,7 +566,7 @@ def write_ref_logits(corpus, model_path):
 
 
 def load_trained():
-    model = Model()
+    model = make_model()
     st = torch.load(CKPT)
     model.load_state_dict(st["model"])
     log("checkpoint: step %d, %.1f min of training on %d threads"
@@ -700,7 +627,7 @@ def check_resume():
 def train(probe=False):
     torch.manual_seed(RANDOM_STATE)
     corpus = Corpus()
-    model = Model()
+    model = make_model()
     opt = make_optimizer(model)
     log("model: dim %d hidden %d layers %d heads %d kv heads %d head size %d vocab %d seq %d: "
         "%d params; %d threads" % (DIM, HIDDEN, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE,
