@@ -358,7 +358,10 @@ class Model(nn.Module):
                     std = 0.02 / math.sqrt(2 * N_LAYERS)
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx):
+    def forward(self, idx, taps=None):
+        # taps: None, or a dict that receives each layer's attention
+        # probabilities [B, H, T, T] and per-head outputs [B, H, T, hs]
+        # (before wo), for a training script's auxiliary losses
         B, T = idx.shape
         hs = DIM // N_HEADS
         cos, sin = rope_tables(T, hs, self.emb.weight.dtype)
@@ -375,7 +378,11 @@ class Model(nn.Module):
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             att = (q * (1.0 / math.sqrt(hs))) @ k.transpose(-1, -2) + mask
             att = F.softmax(att, dim=-1)
-            o = (att @ v).transpose(1, 2).reshape(B, T, DIM)
+            o = att @ v
+            if taps is not None:
+                taps.setdefault("att", []).append(att)
+                taps.setdefault("out", []).append(o)
+            o = o.transpose(1, 2).reshape(B, T, DIM)
             x = x + L.wo(o)
             h = rmsnorm(x, L.ffn_norm)
             x = x + L.w2(F.silu(L.w1(h)) * L.w3(h))

@@ -7,8 +7,10 @@ matters.  Python is used only here, to produce the model files; the library
 and its programs are C.
 
 Training is a curriculum (see PHASES): short sequences dense with named keys
-and questions first, so that retrieval heads form early; then longer
-sequences where a few keys hide in real prose; then the full context.  It
+and questions first, then longer sequences where a few keys hide in real
+prose, then the full context.  Three auxiliary losses, used in training only,
+lead two heads into the circuit retrieval needs (README.md, "Why the
+auxiliary losses"); the model is a plain Llama model and is run as one.  It
 runs in the background for hours and may be stopped at any time: it saves a
 checkpoint (model, optimizer, step, elapsed time) every CKPT_MINUTES and
 resumes from it exactly, because every batch is drawn from a random state
@@ -64,33 +66,30 @@ HIDDEN = 704                      # ~2.75 x DIM, a multiple of 64
 SEQ_LEN = 2048
 VOCAB_SIZE = 2048                 # the prose model's tokenizer, reused as is
 
-# (steps, sequence length, sequences per batch, share of copy documents, of
-#  dense key documents, of haystack documents (keys in prose filler); the rest
-#  is plain prose).  The first phase has no fixed length: it runs until the
-#  model copies (COPY_GATE), and the step where it ended is saved with the
-#  checkpoint, so that the schedule after it is fixed.  Copy documents (a random token
-#  string repeated) come first because retrieval needs an induction circuit
-#  (Olsson et al. 2022, "In-context Learning and Induction Heads") and small
-#  models reach it only after a long plateau, which grows with the context
-#  length; 32-token sequences, and strings drawn from a small alphabet,
-#  shorten it several-fold here (README.md).
+# (steps, sequence length, sequences per batch, share of dense key documents,
+#  of haystack documents (keys in prose filler)); the rest is plain prose.
 PHASES = [
-    (None, 32, 32, 1.00, 0.00, 0.00),
-    (800, 128, 16, 0.25, 0.50, 0.00),
-    (600, 256, 16, 0.10, 0.40, 0.30),
-    (500, 512, 8, 0.05, 0.30, 0.40),
-    (400, 1024, 4, 0.05, 0.20, 0.50),
-    (600, 2048, 2, 0.05, 0.15, 0.55),
+    (1200, 128, 16, 0.60, 0.20),
+    (600, 256, 8, 0.40, 0.40),
+    (500, 512, 4, 0.25, 0.50),
+    (400, 1024, 2, 0.15, 0.60),
+    (600, 2048, 1, 0.10, 0.65),
 ]
-COPY_GATE = 0.90        # the first phase ends when copy accuracy reaches this,
-COPY_CHECK_EVERY = 50   # measured every this many steps,
-COPY_MAX_STEPS = 3000   # or here at the latest
 WARMUP = 100
 LR_MAX = 2e-3
 LR_MIN = 2e-4
 DECAY_STEPS = 400                 # constant LR, then a cosine to LR_MIN over the last steps
 WEIGHT_DECAY = 0.1
 ANSWER_WEIGHT = 3.0
+# Token embeddings start at this standard deviation (norm ~3.2 at dim 256)
+# rather than 0.02: with tied embeddings small ones collapse towards a common
+# direction (cosine 0.7-0.9 between tokens after 300 steps here), and the
+# digits a retrieval head must copy become hard to tell apart.
+EMB_STD = 0.2
+# Auxiliary losses (training only; README.md, "Why the auxiliary losses"):
+AUX_PREV = 1.0        # layer 0, query head 0 attends to the previous token
+AUX_RETRIEVE = 1.0    # last layer, query head 0, at each answer digit, attends to that digit in its needle
+AUX_COPY = 1.0        # and that head's output alone, through the classifier, names the digit
 CKPT_MINUTES = 5
 EVAL_EVERY = 100
 
@@ -196,7 +195,7 @@ def haystack(corpus, rng, total, needles, question, sents, depths=None):
     """A prompt of about `total` tokens (BOS included): filler prose with the
     needle sentences at the given depths (fractions of the filler, placed on
     sentence boundaries; random when None), then the question.  Returns
-    (text, ids)."""
+    (text, ids, where each needle starts in ids)."""
     tok = corpus.tok
     n_ids = [tok.encode_raw(s) for s in needles]
     q_ids = tok.encode_raw(question)
@@ -208,6 +207,7 @@ def haystack(corpus, rng, total, needles, question, sents, depths=None):
     if depths is None:
         depths = sorted(rng.random(len(needles)))
     text, ids, at = "", [1], 0
+    starts = [0] * len(needles)
     for j in sorted(range(len(needles)), key=lambda j: depths[j]):
         cut = min(max(int(np.searchsorted(cum, depths[j] * cum[-1])), at), len(fill))
         for t, s in fill[at:cut]:
@@ -215,21 +215,30 @@ def haystack(corpus, rng, total, needles, question, sents, depths=None):
             ids += s
         at = cut
         text += needles[j]
+        starts[j] = len(ids)
         ids += n_ids[j]
     for t, s in fill[at:]:
         text += t
         ids += s
-    return text + question, ids + q_ids
+    return text + question, ids + q_ids, starts
 
 
 def answer_ids(corpus, k):
     return corpus.tok.encode_raw(" " + k + ".")
 
 
+def digit_sources(corpus, needle_ids, start, k):
+    """Where the key's first digit stands in the document, at each of its
+    occurrences in the needle (needle_ids placed at start): digit j of the
+    answer is retrieved from these positions + j - 1."""
+    dig = answer_ids(corpus, k)[1:6]
+    return [start + i for i in range(len(needle_ids) - 4) if needle_ids[i:i + 5] == dig]
+
+
 def dense_keys_doc(corpus, rng, T):
     """Dense associative recall in sentences: named keys, a little prose,
     then questions about most of them, each answered.  Returns (ids, answer
-    spans [(start, length)] in ids)."""
+    spans [(start, length, digit sources)] in ids)."""
     tok = corpus.tok
     ids, spans = [1], []
     # about 11 tokens a key and 22 a question with its answer: all fit in T
@@ -237,8 +246,11 @@ def dense_keys_doc(corpus, rng, T):
     n = min(n, len(NAMES))
     names = list(rng.choice(NAMES, n, replace=False))
     keys = [digits(rng) for _ in names]
+    sources = []
     for nm, k in zip(names, keys):
-        ids += tok.encode_raw(named_needle(nm, k))
+        n_ids = tok.encode_raw(named_needle(nm, k))
+        sources.append(digit_sources(corpus, n_ids, len(ids), k))
+        ids += n_ids
         if rng.random() < 0.3:
             for _, f in corpus.filler(rng, int(rng.integers(5, 40)), corpus.train_sents):
                 ids += f
@@ -248,7 +260,7 @@ def dense_keys_doc(corpus, rng, T):
             break
         ids += tok.encode_raw(named_question(names[j]))
         a = answer_ids(corpus, keys[j])
-        spans.append((len(ids), len(a) - 1))
+        spans.append((len(ids), len(a) - 1, sources[j]))
         ids += a
     return ids, spans
 
@@ -259,7 +271,7 @@ def haystack_doc(corpus, rng, T):
     tok = corpus.tok
     if rng.random() < 0.4:
         k = digits(rng)
-        needles, qa = [single_needle(k)], [(SINGLE_QUESTION, k)]
+        needles, qa = [single_needle(k)], [(SINGLE_QUESTION, k, 0)]
     else:
         n = int(rng.integers(2, 9))
         names = list(rng.choice(NAMES, n, replace=False))
@@ -267,94 +279,81 @@ def haystack_doc(corpus, rng, T):
         needles = [named_needle(a, b) for a, b in zip(names, keys)]
         nq = int(rng.integers(1, min(n, 3) + 1))
         qs = rng.choice(n, nq, replace=False)
-        qa = [(named_question(names[j]), keys[j]) for j in qs]
-    tail = sum(len(tok.encode_raw(q)) + 7 for q, _ in qa[1:]) + 7
+        qa = [(named_question(names[j]), keys[j], j) for j in qs]
+    tail = sum(len(tok.encode_raw(q)) + 7 for q, _, _ in qa[1:]) + 7
     total = int(rng.integers(T // 4, T + 1)) - tail
-    _, ids = haystack(corpus, rng, max(total, 40), needles, qa[0][0], corpus.train_sents)
+    _, ids, starts = haystack(corpus, rng, max(total, 40), needles, qa[0][0], corpus.train_sents)
     spans = []
-    for i, (q, k) in enumerate(qa):
+    for i, (q, k, j) in enumerate(qa):
         if i > 0:
             ids += tok.encode_raw(q)
         a = answer_ids(corpus, k)
-        spans.append((len(ids), len(a) - 1))
+        src = digit_sources(corpus, tok.encode_raw(needles[j]), starts[j], k)
+        spans.append((len(ids), len(a) - 1, src))
         ids += a
     return ids, spans
 
 
-SMALL_ALPHABET = 48             # copy strings: half from ids 259..306 (single characters)
-
-
-def copy_doc(rng, T):
-    """A random token string of 4..min(32, T / 3) tokens repeated to fill
-    T + 1 tokens; the first occurrence is unpredictable and weighs nothing."""
-    L = int(rng.integers(4, min(32, T // 3) + 1))
-    hi = 259 + SMALL_ALPHABET if rng.random() < 0.5 else VOCAB_SIZE
-    seg = [int(t) for t in rng.integers(259, hi, L)]
-    ids = [1] + (seg * (T // L + 2))[:T]
-    w = np.ones(T, dtype=np.float32)
-    w[:L] = 0.0
-    return np.array(ids, dtype=np.int64), w
-
-
-def schedule(gate):
-    """[(first step, last step, phase)] once the first phase ended at step
-    gate; before that, the first phase alone (open-ended)."""
-    if gate is None:
-        return [(1, COPY_MAX_STEPS, PHASES[0])]
-    out, at = [(1, gate, PHASES[0])], gate + 1
-    for p in PHASES[1:]:
+def schedule():
+    """[(first step, last step, phase)]"""
+    out, at = [], 1
+    for p in PHASES:
         out.append((at, at + p[0] - 1, p))
         at += p[0]
     return out
 
 
-def phase_of(step, gate):
-    for first, last, p in schedule(gate):
+def phase_of(step):
+    for first, last, p in schedule():
         if first <= step <= last:
             return p
     return PHASES[-1]
 
 
-def total_steps(gate):
-    return schedule(gate)[-1][1]
+def total_steps():
+    return schedule()[-1][1]
 
 
-def batch(corpus, step, gate):
-    return batch_of_phase(corpus, step, phase_of(step, gate))
+MAX_SOURCES = 2                   # a single pass key states its digits twice
 
 
-def batch_of_phase(corpus, step, phase):
-    """Inputs, targets and loss weights of one step: a function of the step
-    and the first phase's end alone, so a resumed run sees the same data as
-    an uninterrupted one."""
+def batch(corpus, step, phase=None):
+    """Inputs, targets, loss weights and retrieval sources of one step: a
+    function of the step alone, so a resumed run sees the same data as an
+    uninterrupted one.  sources[b, t] holds the positions the last layer's
+    first head should read when position t predicts an answer digit (-1:
+    none)."""
     rng = np.random.default_rng([RANDOM_STATE, step])
-    _, T, B, copy, dense, hay = phase
+    _, T, B, dense, hay = phase or phase_of(step)
     xs, ws = [], []
-    for _ in range(B):
+    src = np.full((B, T, MAX_SOURCES), -1, dtype=np.int64)
+    for b in range(B):
         r = rng.random()
         w = np.ones(T, dtype=np.float32)
-        if r < copy:
-            x, w = copy_doc(rng, T)
-            xs.append(x)
-        elif r < copy + dense + hay:
-            ids, spans = (dense_keys_doc if r < copy + dense else haystack_doc)(corpus, rng, T)
+        if r < dense + hay:
+            ids, spans = (dense_keys_doc if r < dense else haystack_doc)(corpus, rng, T)
             ids = ids + corpus.tok.encode_raw("\n")
             need = T + 1 - len(ids)
             if need > 0:                  # pad with a new prose document
                 o = int(rng.integers(len(corpus.stream) - need))
                 ids = ids + [1] + list(corpus.stream[o:o + need - 1])
             ids = ids[:T + 1]
-            for s, n in spans:            # target index t predicts ids[t + 1]
+            for s, n, occ in spans:       # target index t predicts ids[t + 1]
                 lo, hi = s - 1, min(s - 1 + n, T)
                 if lo < T:
                     w[lo:hi] = ANSWER_WEIGHT
+                for j in range(1, 6):     # digit j of the answer is ids[s + j]
+                    t = s + j - 1
+                    if t < T:
+                        for i, o in enumerate(occ[:MAX_SOURCES]):
+                            src[b, t, i] = o + j - 1
             xs.append(np.array(ids, dtype=np.int64))
         else:
             o = int(rng.integers(len(corpus.stream) - T - 1))
             xs.append(corpus.stream[o:o + T + 1])
         ws.append(w)
     x = torch.from_numpy(np.stack(xs))
-    return x[:, :-1], x[:, 1:], torch.from_numpy(np.stack(ws))
+    return x[:, :-1], x[:, 1:], torch.from_numpy(np.stack(ws)), torch.from_numpy(src)
 
 
 # ---------------------------------------------------------------- model
@@ -363,7 +362,9 @@ def make_model():
     shape: its module constants are set to ours first."""
     for k in ("DIM", "N_LAYERS", "N_HEADS", "N_KV_HEADS", "HIDDEN", "SEQ_LEN", "VOCAB_SIZE"):
         setattr(prose, k, globals()[k])
-    return prose.Model()
+    m = prose.Model()
+    torch.nn.init.normal_(m.emb.weight, 0.0, EMB_STD)
+    return m
 
 
 def make_optimizer(model):
@@ -374,12 +375,12 @@ def make_optimizer(model):
                              lr=LR_MAX, betas=(0.9, 0.95), eps=1e-8)
 
 
-def lr_at(step, gate):
+def lr_at(step):
     if step <= WARMUP:
         return LR_MAX * step / WARMUP
-    if gate is None or step <= total_steps(gate) - DECAY_STEPS:
+    if step <= total_steps() - DECAY_STEPS:
         return LR_MAX
-    p = min(1.0, (step - (total_steps(gate) - DECAY_STEPS)) / DECAY_STEPS)
+    p = min(1.0, (step - (total_steps() - DECAY_STEPS)) / DECAY_STEPS)
     return LR_MIN + 0.5 * (LR_MAX - LR_MIN) * (1 + math.cos(math.pi * p))
 
 
@@ -395,15 +396,15 @@ def eval_cases(corpus, T, n_per, state):
     for d in DEPTHS:
         for _ in range(n_per):
             k = digits(rng)
-            _, ids = haystack(corpus, rng, T - 8, [single_needle(k)], SINGLE_QUESTION,
+            _, ids, _ = haystack(corpus, rng, T - 8, [single_needle(k)], SINGLE_QUESTION,
                               corpus.held_sents, depths=[d])
             cases.append(("single", d, k, ids))
             names = list(rng.choice(NAMES, 4, replace=False))
             keys = [digits(rng) for _ in names]
             dep = [float(rng.random()) for _ in names]
             dep[0] = d
-            _, ids = haystack(corpus, rng, T - 8,
-                              [named_needle(a, b) for a, b in zip(names, keys)],
+            _, ids, _ = haystack(corpus, rng, T - 8,
+                                 [named_needle(a, b) for a, b in zip(names, keys)],
                               named_question(names[0]), corpus.held_sents, depths=dep)
             cases.append(("multi", d, keys[0], ids))
     return cases
@@ -441,22 +442,6 @@ def heldout_loss(model, ids, T, max_windows):
     return tot / n
 
 
-@torch.no_grad()
-def copy_accuracy(model):
-    """Share of the second occurrence of a random 12-token string (any text
-    token) predicted right: 1 once an induction circuit works."""
-    rng = np.random.default_rng(99)
-    ok = n = 0
-    model.eval()
-    for _ in range(16):
-        seg = [int(t) for t in rng.integers(259, VOCAB_SIZE, 12)]
-        pred = model(torch.tensor([[1] + seg + seg]))[0].argmax(-1).tolist()
-        ok += sum(pred[12 + i] == seg[i] for i in range(1, 12))
-        n += 11
-    model.train()
-    return ok / n
-
-
 def summary(acc):
     out = []
     for kind in ("single", "multi"):
@@ -467,21 +452,21 @@ def summary(acc):
 
 
 # ---------------------------------------------------------------- checkpoint
-def save_ckpt(model, opt, step, elapsed, history, gate):
+def save_ckpt(model, opt, step, elapsed, history):
     os.makedirs(STATE_DIR, exist_ok=True)
     tmp = CKPT + ".tmp"
     torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-                "elapsed": elapsed, "history": history, "threads": THREADS, "gate": gate}, tmp)
+                "elapsed": elapsed, "history": history, "threads": THREADS}, tmp)
     os.replace(tmp, CKPT)
 
 
 def load_ckpt(model, opt):
     if not os.path.exists(CKPT):
-        return 0, 0.0, [], None
+        return 0, 0.0, []
     st = torch.load(CKPT)
     model.load_state_dict(st["model"])
     opt.load_state_dict(st["opt"])
-    return st["step"], st["elapsed"], st["history"], st["gate"]
+    return st["step"], st["elapsed"], st["history"]
 
 
 # ---------------------------------------------------------------- export
@@ -525,12 +510,12 @@ def file_cases(corpus, T, kind):
             names = list(rng.choice(NAMES, 4, replace=False))
             keys = [digits(rng) for _ in names]
             if kind == "single":
-                text, ids = haystack(corpus, rng, T - 8, [single_needle(keys[0])],
+                text, ids, _ = haystack(corpus, rng, T - 8, [single_needle(keys[0])],
                                      SINGLE_QUESTION, corpus.held_sents, depths=[d])
             else:
                 dep = [d] + [float(x) for x in rng.random(3)]
-                text, ids = haystack(corpus, rng, T - 8,
-                                     [named_needle(a, b) for a, b in zip(names, keys)],
+                text, ids, _ = haystack(corpus, rng, T - 8,
+                                        [named_needle(a, b) for a, b in zip(names, keys)],
                                      named_question(names[0]), corpus.held_sents, depths=dep)
             out.append((kind, d, keys[0], ids, text))
     return out
@@ -591,12 +576,12 @@ def check_resume():
     and resumed from its checkpoint: the weights must be equal bit for bit."""
     import shutil
     import tempfile
-    global DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE, HIDDEN, PHASES, COPY_MAX_STEPS
-    global COPY_CHECK_EVERY, EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES, STATE_DIR, CKPT
+    global DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE, HIDDEN, PHASES
+    global EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES, STATE_DIR, CKPT
     DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HIDDEN = 64, 2, 2, 1, 64
     HEAD_SIZE = DIM // N_HEADS
-    PHASES = [(None, 32, 4, 1.0, 0.0, 0.0), (6, 64, 2, 0.3, 0.5, 0.0), (6, 128, 2, 0.1, 0.3, 0.4)]
-    COPY_MAX_STEPS, COPY_CHECK_EVERY, EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES = 10, 5, 1000, 4, 3, 0
+    PHASES = [(8, 64, 2, 0.5, 0.3), (8, 128, 2, 0.3, 0.5)]
+    EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES = 1000, 4, 3, 0
     save = save_ckpt
     final = []
     for stop_at in (None, 13):
@@ -618,8 +603,7 @@ def check_resume():
     globals()["save_ckpt"] = save
     a, b = final
     same = a["step"] == b["step"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    log("resume check: %s (%d steps, phase 0 ended at step %d)"
-        % ("bit-identical" if same else "DIFFERENT", a["step"], a["gate"]))
+    log("resume check: %s (%d steps)" % ("bit-identical" if same else "DIFFERENT", a["step"]))
     return same
 
 
@@ -637,29 +621,25 @@ def train(probe=False):
         for p in PHASES:
             t0 = time.time()
             for s in range(1, 4):
-                x, y, w = batch(corpus, s, None) if p is PHASES[0] else batch_of_phase(corpus, s, p)
-                loss = F.cross_entropy(model(x).reshape(-1, VOCAB_SIZE), y.reshape(-1))
+                loss, _ = step_loss(model, batch(corpus, s, p))
                 opt.zero_grad()
                 loss.backward()
             log("phase T=%d B=%d: %.2f s/step" % (p[1], p[2], (time.time() - t0) / 3))
-        log("copy accuracy %.2f, retrieval %s" % (copy_accuracy(model), summary(
-            retrieval_accuracy(model, corpus, eval_cases(corpus, 128, 1, 5)))))
+        log("retrieval %s" % summary(retrieval_accuracy(model, corpus, eval_cases(corpus, 128, 1, 5))))
         return
-    step, elapsed, history, gate = load_ckpt(model, opt)
+    step, elapsed, history = load_ckpt(model, opt)
     if step:
         log("resumed at step %d (%.1f min trained so far)" % (step, elapsed / 60))
     evals = {p[1]: eval_cases(corpus, p[1], 4, 100 + p[1]) for p in PHASES}
     t_last = time.time()
     t_ckpt = time.time()
     ema = None
-    while gate is None or step < total_steps(gate):
+    while step < total_steps():
         step += 1
-        lr = lr_at(step, gate)
+        lr = lr_at(step)
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, w = batch(corpus, step, gate)
-        ce = F.cross_entropy(model(x).reshape(-1, VOCAB_SIZE), y.reshape(-1), reduction="none")
-        loss = (ce * w.reshape(-1)).sum() / w.sum()
+        loss, parts = step_loss(model, batch(corpus, step))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -667,32 +647,49 @@ def train(probe=False):
         now = time.time()
         elapsed += now - t_last
         t_last = now
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        T = phase_of(step, gate)[1]
-        last = "?" if gate is None else str(total_steps(gate))
+        ema = parts[0] if ema is None else 0.95 * ema + 0.05 * parts[0]
+        T = phase_of(step)[1]
         if step % 10 == 0:
-            log("step %d/%s T=%d loss %.4f (ema %.4f) lr %.2e trained %.1f min"
-                % (step, last, T, loss.item(), ema, lr, elapsed / 60))
+            log("step %d/%d T=%d loss %.4f (ema %.4f) aux prev %.3f retrieve %.3f copy %.3f "
+                "lr %.2e trained %.1f min" % ((step, total_steps(), T, parts[0], ema) + tuple(parts[1:])
+                                              + (lr, elapsed / 60)))
         t_ev = time.time()
-        if gate is None and step % COPY_CHECK_EVERY == 0:
-            cp = copy_accuracy(model)
-            log("copy accuracy %.2f at step %d" % (cp, step))
-            if cp >= COPY_GATE or step >= COPY_MAX_STEPS:
-                gate = step
-                log("first phase over at step %d: %d steps in all" % (gate, total_steps(gate)))
-        if step % EVAL_EVERY == 0 or (gate is not None and step == total_steps(gate)):
+        if step % EVAL_EVERY == 0 or step == total_steps():
             acc = retrieval_accuracy(model, corpus, evals[T])
             hl = heldout_loss(model, corpus.held_ids, T, 4 * 2048 // T)
-            cp = copy_accuracy(model)
-            history.append((step, T, hl, cp, acc))
-            log("eval step %d T=%d: held-out loss %.4f  copy %.2f  %s" % (step, T, hl, cp, summary(acc)))
+            history.append((step, T, hl, acc))
+            log("eval step %d T=%d: held-out loss %.4f  %s" % (step, T, hl, summary(acc)))
         t_last += time.time() - t_ev          # evaluation is not training time
-        if time.time() - t_ckpt > CKPT_MINUTES * 60 or (gate is not None and step == total_steps(gate)):
-            save_ckpt(model, opt, step, elapsed, history, gate)
+        if time.time() - t_ckpt > CKPT_MINUTES * 60 or step == total_steps():
+            save_ckpt(model, opt, step, elapsed, history)
             t_ckpt = time.time()
             log("checkpoint at step %d" % step)
     log("done: %d steps, %.1f min of training on %d threads" % (step, elapsed / 60, THREADS))
 
+
+def step_loss(model, b):
+    """The training loss of one batch: weighted cross-entropy plus the
+    auxiliary losses.  Returns (loss, [cross-entropy, prev, retrieve, copy])."""
+    x, y, w, src = b
+    taps = {}
+    logits = model(x, taps)
+    ce = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), y.reshape(-1), reduction="none")
+    main = (ce * w.reshape(-1)).sum() / w.sum()
+    # previous-token head: attention of position t to t - 1
+    att0 = taps["att"][0][:, 0]
+    prev = -att0[:, 1:, :].diagonal(dim1=-2, dim2=-1).clamp_min(1e-9).log().mean()
+    loss = main + AUX_PREV * prev
+    retrieve = copy = torch.zeros(())
+    sel = src[..., 0] >= 0
+    if sel.any():
+        att = taps["att"][-1][:, 0]
+        p = (att.gather(2, src.clamp_min(0)) * (src >= 0)).sum(-1)[sel]
+        retrieve = -p.clamp_min(1e-9).log().mean()
+        head = taps["out"][-1][:, 0][sel] @ model.layers[-1].wo.weight[:, :HEAD_SIZE].t()
+        head_logits = prose.rmsnorm(head, model.norm) @ model.emb.weight.t()
+        copy = F.cross_entropy(head_logits, y[sel])
+        loss = loss + AUX_RETRIEVE * retrieve + AUX_COPY * copy
+    return loss, [main.item(), prev.item(), retrieve.item(), copy.item()]
 
 if __name__ == "__main__":
     if "--eval" in sys.argv or "--export" in sys.argv:
