@@ -233,7 +233,9 @@ typedef enum {
   KVA_ERR_UNSUPPORTED, /* valid but unsupported combination */
   KVA_ERR_SEQ_LIMIT,   /* max_seqs sequences are live: free one (no block is involved) */
   KVA_ERR_NOT_STORED,  /* the step's tokens are not all stored in that layer (kva_store first) */
-  KVA_ERR_STREAM       /* kva_seq_import: truncated, corrupted, or not a kvattn sequence stream */
+  KVA_ERR_STREAM,      /* kva_seq_import: truncated, corrupted, or not a kvattn sequence stream */
+  KVA_ERR_STEP         /* more tokens stored or attended than the sequence's last append added
+                          (after a fork or a truncate, append the step's tokens first) */
 } kva_status;
 
 typedef enum {
@@ -361,6 +363,10 @@ typedef struct {
   void *(*alloc_fn)(size_t size, size_t align, void *user);
   void (*free_fn)(void *p, size_t size, void *user);
   void *user;
+  /* NULL, or called when a call on this cache refuses (any status but KVA_OK), from the calling
+     thread before the call returns: the kvattn.h function whose check failed and which rule was
+     broken (the condition as written there, or a sentence). Static strings; never called on success. */
+  void (*on_error)(void *user, kva_status status, const char *function, const char *why);
 } kva_cache_desc;
 
 typedef struct {
@@ -462,6 +468,7 @@ KVA_API kva_status kva_fp8_calibrate_heads(kva_dtype t, const float *x, int n_to
                                            kva_calib rule, float *scales);
 
 /* attention on plain arrays; merging partial results */
+KVA_API const char *kva_attn_check(const kva_attn *a);
 KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const int32_t *q_pos, const float *k,
                               const float *v, int n_kv, const int32_t *kv_pos, float *out, float *lse);
 KVA_API kva_status kva_merge_lse(float *out, float *lse, const float *out_b, const float *lse_b, int n_rows, int dv);
@@ -558,6 +565,7 @@ KVA_API const char *kva_status_str(kva_status s) {
     case KVA_ERR_SEQ_LIMIT: return "sequence limit reached (max_seqs live)";
     case KVA_ERR_NOT_STORED: return "tokens appended but not stored in every layer attended or published";
     case KVA_ERR_STREAM: return "not a valid kvattn sequence stream (truncated or corrupted)";
+    case KVA_ERR_STEP: return "more tokens than the sequence's last append added (append the step first)";
   }
   return "unknown status";
 }
@@ -3337,19 +3345,30 @@ static inline void kva__attend_all(const kva__attn_params *P, const kva__kv_view
   }
 }
 
-static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *P) {
-  if (!a || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 || a->v_dim < 0) return KVA_ERR_ARG;
-  if (a->n_heads > (1 << 16) || a->head_dim > (1 << 16) || a->v_dim > (1 << 16)) return KVA_ERR_ARG;
-  if (a->n_heads % a->n_kv_heads != 0) return KVA_ERR_ARG;
-  if (a->window < 0 || a->n_sink < 0 || a->n_threads < 0) return KVA_ERR_ARG;
-  if (!(a->softcap >= 0.0f) || a->softcap > FLT_MAX) return KVA_ERR_ARG; /* rejects NaN, Inf */
-  if (!(a->scale >= -FLT_MAX && a->scale <= FLT_MAX)) return KVA_ERR_ARG;
-  if (a->q_stride < 0 || a->out_stride < 0 || a->k_stride < 0 || a->v_stride < 0) return KVA_ERR_ARG;
-  if ((a->q_stride && a->q_stride < a->n_heads * a->head_dim) ||
-      (a->out_stride && a->out_stride < a->n_heads * (a->v_dim ? a->v_dim : a->head_dim)) ||
-      (a->k_stride && a->k_stride < a->n_kv_heads * a->head_dim) ||
-      (a->v_stride && a->v_stride < a->n_kv_heads * (a->v_dim ? a->v_dim : a->head_dim)))
-    return KVA_ERR_ARG; /* rows may not overlap */
+/* Validates a kva_attn; on a broken rule, *why names it (the condition, as written here). */
+#define KVA__ATTN_RULE(broken)  \
+  do {                          \
+    if (broken) {               \
+      *why = #broken;           \
+      return KVA_ERR_ARG;       \
+    }                           \
+  } while (0)
+static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *P, const char **why) {
+  KVA__ATTN_RULE(!a);
+  KVA__ATTN_RULE(a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 || a->v_dim < 0);
+  KVA__ATTN_RULE(a->n_heads > (1 << 16) || a->head_dim > (1 << 16) || a->v_dim > (1 << 16));
+  KVA__ATTN_RULE(a->n_heads % a->n_kv_heads != 0);
+  KVA__ATTN_RULE(a->window < 0);
+  KVA__ATTN_RULE(a->n_sink < 0);
+  KVA__ATTN_RULE(a->n_threads < 0);
+  KVA__ATTN_RULE(!(a->softcap >= 0.0f) || a->softcap > FLT_MAX); /* rejects NaN, Inf */
+  KVA__ATTN_RULE(!(a->scale >= -FLT_MAX && a->scale <= FLT_MAX));
+  KVA__ATTN_RULE(a->q_stride < 0 || a->out_stride < 0 || a->k_stride < 0 || a->v_stride < 0);
+  /* rows may not overlap */
+  KVA__ATTN_RULE(a->q_stride && a->q_stride < a->n_heads * a->head_dim);
+  KVA__ATTN_RULE(a->out_stride && a->out_stride < a->n_heads * (a->v_dim ? a->v_dim : a->head_dim));
+  KVA__ATTN_RULE(a->k_stride && a->k_stride < a->n_kv_heads * a->head_dim);
+  KVA__ATTN_RULE(a->v_stride && a->v_stride < a->n_kv_heads * (a->v_dim ? a->v_dim : a->head_dim));
   P->H = a->n_heads;
   P->G = a->n_kv_heads;
   P->D = a->head_dim;
@@ -3359,23 +3378,31 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   P->softcap = a->softcap;
   P->window = a->window;
   P->n_sink = a->n_sink;
-  if (a->non_causal < 0 || a->non_causal > 1 || (a->non_causal && a->tree_parent)) return KVA_ERR_ARG;
-  if (!(a->alibi_max_bias >= 0.0f) || a->alibi_max_bias > 64.0f) return KVA_ERR_ARG;
+  KVA__ATTN_RULE(a->non_causal < 0 || a->non_causal > 1 || (a->non_causal && a->tree_parent));
+  KVA__ATTN_RULE(!(a->alibi_max_bias >= 0.0f) || a->alibi_max_bias > 64.0f);
   P->non_causal = a->non_causal;
   P->alibi_max_bias = a->alibi_max_bias;
-  if (a->chunk_size < 0) return KVA_ERR_ARG;
+  KVA__ATTN_RULE(a->chunk_size < 0);
   P->chunk = a->chunk_size;
   P->sinks = a->sink_logits;
-  if (a->int_scores < 0 || a->int_scores > 1) return KVA_ERR_ARG;
+  KVA__ATTN_RULE(a->int_scores < 0 || a->int_scores > 1);
   P->int_scores = a->int_scores;
   if (a->sink_logits) {
     int h;
     for (h = 0; h < a->n_heads; h++)
-      if (!(a->sink_logits[h] >= -FLT_MAX && a->sink_logits[h] <= FLT_MAX)) return KVA_ERR_ARG;
+      KVA__ATTN_RULE(!(a->sink_logits[h] >= -FLT_MAX && a->sink_logits[h] <= FLT_MAX));
   }
   P->q_stride = a->q_stride ? (size_t)a->q_stride : (size_t)P->H * (size_t)P->D;
   P->o_stride = a->out_stride ? (size_t)a->out_stride : (size_t)P->H * (size_t)P->DV;
   return KVA_OK;
+}
+
+/* NULL when a is a valid description; else the rule it breaks (the
+   condition, as written in kva__attn_resolve). */
+KVA_API const char *kva_attn_check(const kva_attn *a) {
+  kva__attn_params P;
+  const char *why = NULL;
+  return kva__attn_resolve(a, &P, &why) == KVA_OK ? NULL : why;
 }
 
 /* Scaled dot-product attention on plain float arrays (docs/API.md).
@@ -3384,7 +3411,8 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
                               const float *v, int n_kv, const int32_t *kv_pos, float *out, float *lse) {
   kva__attn_params P;
   kva__kv_view w;
-  if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
+  const char *why;
+  if (kva__attn_resolve(a, &P, &why) != KVA_OK) return KVA_ERR_ARG;
   if (n_q < 0 || n_kv < 0) return KVA_ERR_ARG;
   if (n_q == 0) return KVA_OK;
   if (!q || !out || (n_kv > 0 && (!k || !v))) return KVA_ERR_ARG;
@@ -3622,8 +3650,20 @@ struct kva_cache {
   void *(*alloc_fn)(size_t, size_t, void *);
   void (*free_fn)(void *, size_t, void *);
   void *user;
+  void (*on_error)(void *, kva_status, const char *, const char *);
   void *raw;                /* the one allocation */
 };
+
+/* A refusal: tell the cache's on_error which rule was broken, then return the status. */
+static inline kva_status kva__refuse(const kva_cache *c, kva_status status, const char *function, const char *why) {
+  if (c && c->on_error) c->on_error(c->user, status, function, why);
+  return status;
+}
+#define KVA__REFUSE(c, broken, status) KVA__REFUSE_WHY(c, broken, status, #broken)
+#define KVA__REFUSE_WHY(c, broken, status, why)                      \
+  do {                                                              \
+    if (broken) return kva__refuse((c), (status), __func__, (why)); \
+  } while (0)
 
 static inline kva_dtype kva__resolve_dtype(kva_dtype t) { return t == KVA_DTYPE_DEFAULT ? KVA_F16 : t; }
 static inline int kva__dtype_valid(kva_dtype t) { return t >= KVA_DTYPE_DEFAULT && t <= KVA_INT4; }
@@ -3823,27 +3863,37 @@ static inline size_t kva__cache_footprint(const kva_cache_desc *d, kva_cache *sh
   return L.size + extra;
 }
 
+/* A refused description: tell its on_error which rule was broken. */
+static inline kva_status kva__refuse_desc(const kva_cache_desc *d, kva_status status, const char *function,
+                                          const char *why) {
+  if (d && d->on_error) d->on_error(d->user, status, function, why);
+  return status;
+}
+#define KVA__DESC_RULE(d, broken, status)                                   \
+  do {                                                                      \
+    if (broken) return kva__refuse_desc((d), (status), __func__, #broken); \
+  } while (0)
+
 /* The description's WINDOW / CHUNK groups, as the shape's spans (their pool
    sizes come later, with the main pool's). */
 static inline kva_status kva__desc_spans(const kva_cache_desc *d, kva_cache *shape) {
   int i, l;
-  if (d->n_groups < 0 || d->n_groups > KVA_MAX_GROUPS || (d->n_groups > 0) != (d->groups != NULL)) return KVA_ERR_ARG;
-  if (d->layer_group && d->n_groups == 0) return KVA_ERR_ARG;
+  KVA__DESC_RULE(d, d->n_groups < 0 || d->n_groups > KVA_MAX_GROUPS || (d->n_groups > 0) != (d->groups != NULL), KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->layer_group && d->n_groups == 0, KVA_ERR_ARG);
   for (l = 0; d->layer_group && l < d->n_layers; l++)
-    if (d->layer_group[l] < 0 || d->layer_group[l] >= d->n_groups) return KVA_ERR_ARG;
+    KVA__DESC_RULE(d, d->layer_group[l] < 0 || d->layer_group[l] >= d->n_groups, KVA_ERR_ARG);
   for (i = 0; i < d->n_groups; i++) {
     const kva_layer_group *gr = &d->groups[i];
     kva__span *sp = &shape->spans[shape->n_spans];
-    if (gr->n_blocks < 0 || gr->n_blocks > INT32_MAX / 4 || gr->window < 0 || gr->n_sink < 0 || gr->chunk_size < 0)
-      return KVA_ERR_ARG;
+    KVA__DESC_RULE(d, gr->n_blocks < 0 || gr->n_blocks > INT32_MAX / 4, KVA_ERR_ARG);
+    KVA__DESC_RULE(d, gr->window < 0 || gr->n_sink < 0 || gr->chunk_size < 0, KVA_ERR_ARG);
     if (gr->kind == KVA_SPAN_FULL) {
-      if (gr->window || gr->n_sink || gr->chunk_size || gr->n_blocks) return KVA_ERR_ARG;
+      KVA__DESC_RULE(d, gr->window || gr->n_sink || gr->chunk_size || gr->n_blocks, KVA_ERR_ARG);
       continue;
     }
-    if (gr->kind == KVA_SPAN_WINDOW ? gr->window == 0 || gr->chunk_size
-        : gr->kind == KVA_SPAN_CHUNK ? gr->chunk_size == 0 || gr->window || gr->n_sink
-                                     : 1)
-      return KVA_ERR_ARG;
+    KVA__DESC_RULE(d, gr->kind == KVA_SPAN_WINDOW && (gr->window == 0 || gr->chunk_size), KVA_ERR_ARG);
+    KVA__DESC_RULE(d, gr->kind == KVA_SPAN_CHUNK && (gr->chunk_size == 0 || gr->window || gr->n_sink), KVA_ERR_ARG);
+    KVA__DESC_RULE(d, gr->kind != KVA_SPAN_WINDOW && gr->kind != KVA_SPAN_CHUNK, KVA_ERR_ARG);
     memset(sp, 0, sizeof *sp);
     sp->kind = gr->kind;
     sp->window = gr->window;
@@ -3869,14 +3919,15 @@ static inline int kva__desc_layer_span(const kva_cache_desc *d, const kva_cache 
 static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *shape, size_t *n_buckets,
                                           size_t *footprint) {
   int l, i;
-  if (!kva__desc_shape_ok(d)) return KVA_ERR_ARG;
-  if (d->block_size < 0 || d->n_blocks < 0 || d->max_seqs < 0 || d->prefix_max_age < 0 || d->max_seq_len < 0)
-    return KVA_ERR_ARG;
-  if (d->evict_support < KVA_EVICT_SUPPORT_ALL || d->evict_support > KVA_EVICT_SUPPORT_NONE) return KVA_ERR_ARG;
-  if ((d->alloc_fn == NULL) != (d->free_fn == NULL)) return KVA_ERR_ARG;
-  if (d->n_blocks == 0 && d->max_bytes == 0) return KVA_ERR_ARG;
-  if (d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V)) return KVA_ERR_ARG;
-  if (d->rotate && d->kind == KVA_CACHE_LATENT) return KVA_ERR_UNSUPPORTED; /* V is a prefix of K there */
+  if (!kva__desc_shape_ok(d))
+    return kva__refuse_desc(d, KVA_ERR_ARG, __func__, "kind, n_layers, n_kv_heads, head_dim or v_dim is out of range");
+  KVA__DESC_RULE(d, d->block_size < 0 || d->n_blocks < 0 || d->max_seqs < 0, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->prefix_max_age < 0 || d->max_seq_len < 0, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->evict_support < KVA_EVICT_SUPPORT_ALL || d->evict_support > KVA_EVICT_SUPPORT_NONE, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, (d->alloc_fn == NULL) != (d->free_fn == NULL), KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->n_blocks == 0 && d->max_bytes == 0, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V), KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->rotate && d->kind == KVA_CACHE_LATENT, KVA_ERR_UNSUPPORTED); /* V is a prefix of K there */
   memset(shape, 0, sizeof *shape);
   shape->kind = (kva_cache_kind)d->kind;
   shape->n_layers = d->n_layers;
@@ -3887,31 +3938,34 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   shape->max_seqs = d->max_seqs ? d->max_seqs : 256;
   shape->evict_support = d->evict_support;
   shape->rotate = d->rotate;
-  if (shape->bs > (1 << 20) || shape->max_seqs > (1 << 20)) return KVA_ERR_ARG;
-  if (kva__desc_spans(d, shape) != KVA_OK) return KVA_ERR_ARG;
+  KVA__DESC_RULE(d, shape->bs > (1 << 20) || shape->max_seqs > (1 << 20), KVA_ERR_ARG);
+  if (kva__desc_spans(d, shape) != KVA_OK) return KVA_ERR_ARG; /* it said why */
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
     kva_dtype kt, vt;
     size_t bytes;
     int span = kva__desc_layer_span(d, shape, l);
-    if (!kva__layer_types(d, l, &kt, &vt)) return KVA_ERR_ARG;
+    if (!kva__layer_types(d, l, &kt, &vt))
+      return kva__refuse_desc(d, KVA_ERR_ARG, __func__, "a layer's key or value storage type is invalid");
     for (i = 0; i < d->n_kv_heads; i++) {
       kva_status st = kva__fp8_scale_check(kt, kva__desc_fp8_scale(d, 0, l, i));
       if (st == KVA_OK && d->kind == KVA_CACHE_KV) st = kva__fp8_scale_check(vt, kva__desc_fp8_scale(d, 1, l, i));
-      if (st != KVA_OK) return st; /* LATENT stores one vector: K's scales only */
+      if (st != KVA_OK) /* LATENT stores one vector: K's scales only */
+        return kva__refuse_desc(d, st, __func__, "an FP8 scale is not a positive finite float (or too large for E4M3)");
     }
     bytes = kva__layer_geometry(d->kind, kt, vt, shape->D, shape->DV, shape->G, shape->bs).block;
     if (span < 0) shape->block_bytes += bytes;
     else shape->spans[span].block_bytes += bytes;
   }
   if (d->n_blocks) {
-    if ((size_t)d->n_blocks > (size_t)INT32_MAX / 4) return KVA_ERR_ARG;
+    KVA__DESC_RULE(d, (size_t)d->n_blocks > (size_t)INT32_MAX / 4, KVA_ERR_ARG);
     *footprint = kva__cache_footprint(d, shape, d->n_blocks, n_buckets);
-    return *footprint == (size_t)-1 ? KVA_ERR_NOMEM : KVA_OK;
+    if (*footprint == (size_t)-1) return kva__refuse_desc(d, KVA_ERR_NOMEM, __func__, "the footprint overflows size_t");
+    return KVA_OK;
   } else { /* the footprint grows with n_blocks: the largest that fits, by bisection */
     size_t most = d->max_bytes / (shape->block_bytes ? shape->block_bytes : 1);
     int lo = 1, hi = most > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int)most;
     if (hi < 1 || kva__cache_footprint(d, shape, 1, n_buckets) > d->max_bytes)
-      return KVA_ERR_ARG; /* max_bytes holds not even one block and its bookkeeping */
+      return kva__refuse_desc(d, KVA_ERR_ARG, __func__, "max_bytes holds not even one block and its bookkeeping");
     while (lo < hi) {
       int mid = lo + (hi - lo + 1) / 2;
       if (kva__cache_footprint(d, shape, mid, n_buckets) <= d->max_bytes) lo = mid;
@@ -3949,7 +4003,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     allocated = r;
     raw = r ? r + (64 - ((uintptr_t)r & 63)) : NULL;
   }
-  if (!raw) return KVA_ERR_NOMEM;
+  if (!raw) return kva__refuse_desc(d, KVA_ERR_NOMEM, __func__, "the allocator returned NULL for the cache");
   c = (kva_cache *)raw;
   *c = shape;
   L.base = raw, L.size = 0;
@@ -3962,6 +4016,7 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->alloc_fn = d->alloc_fn;
   c->free_fn = d->free_fn;
   c->user = d->user;
+  c->on_error = d->on_error;
   c->alloc_bytes = footprint; /* what was asked of the allocator */
   c->bytes_meta = data;
   c->bucket_mask = (uint64_t)n_buckets - 1;
@@ -4412,16 +4467,18 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
 }
 
 KVA_API kva_status kva_seq_new(kva_cache *c, int *seq) {
-  if (!c || !seq) return KVA_ERR_ARG;
-  return kva__seq_alloc(c, seq) ? KVA_OK : KVA_ERR_SEQ_LIMIT;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !seq, KVA_ERR_ARG);
+  if (!kva__seq_alloc(c, seq)) return kva__refuse(c, KVA_ERR_SEQ_LIMIT, __func__, "max_seqs sequences are live");
+  return KVA_OK;
 }
 
 KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
   kva__seq *s;
   int i;
-  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !c, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   kva__spans_drop_from(c, s, 0);
   for (i = s->n_blocks - 1; i >= 0; i--) kva__block_release(c, s->table[i]); /* tail first: LRU drops tails first */
   s->live = 0;
@@ -4570,12 +4627,14 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
 /* Set or change the policy; it applies from the next kva_seq_append. */
 KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) {
   kva__seq *s;
-  if (!c || kva__evict_check(e) != KVA_OK) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, kva__evict_check(e) != KVA_OK, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   if ((e->kind == KVA_EVICT_H2O && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
       (e->kind == KVA_EVICT_WINDOW && c->evict_support == KVA_EVICT_SUPPORT_NONE))
-    return KVA_ERR_UNSUPPORTED; /* the cache keeps no scores / positions (kva_cache_desc.evict_support) */
+    return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
+                       "the cache keeps no scores / positions for this policy (kva_cache_desc.evict_support)");
   s->evict_next = *e;
   if (e->kind == KVA_EVICT_NONE) memset(&s->evict_next, 0, sizeof s->evict_next);
   return KVA_OK;
@@ -4592,16 +4651,17 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   const kva_evict *e;
   kva__append_plan pl;
   int i, w, zero_scores;
-  if (!c || n_tokens < 0) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_tokens < 0, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   if (n_tokens == 0) return KVA_OK;
-  if ((long)s->pos + n_tokens > (long)INT32_MAX) return KVA_ERR_ARG; /* positions are int32 */
+  KVA__REFUSE(c, (long)s->pos + n_tokens > (long)INT32_MAX, KVA_ERR_ARG); /* positions are int32 */
   e = &s->evict_next;
   kva__plan_append(c, s, n_tokens, &pl);
   if (!pl.fits_now) {
     c->appends_failed++;
-    return KVA_ERR_FULL;
+    return kva__refuse(c, KVA_ERR_FULL, __func__, "the pool has too few free or reclaimable blocks for the append");
   }
 
   /* commit */
@@ -4655,13 +4715,14 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
 KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *n_tokens, int n_seqs) {
   long avail, span_avail[KVA_MAX_GROUPS];
   int i, j;
-  if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_tokens))) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_tokens)), KVA_ERR_ARG);
   for (i = 0; i < n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, seqs[i]);
-    if (!s) return KVA_ERR_SEQ;
-    if (n_tokens[i] < 0 || (long)s->pos + n_tokens[i] > (long)INT32_MAX) return KVA_ERR_ARG;
+    if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+    KVA__REFUSE(c, n_tokens[i] < 0 || (long)s->pos + n_tokens[i] > (long)INT32_MAX, KVA_ERR_ARG);
     for (j = 0; j < i; j++)
-      if (seqs[j] == seqs[i]) return KVA_ERR_ARG;
+      KVA__REFUSE(c, seqs[j] == seqs[i], KVA_ERR_ARG);
   }
   avail = (long)c->n_free + c->n_cached;
   for (j = 0; j < c->n_spans; j++) span_avail[j] = kva__span_avail(&c->spans[j]);
@@ -4676,7 +4737,7 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
     }
     if (!pl.fits_table || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable || short_of_blocks) {
       c->appends_failed++;
-      return KVA_ERR_FULL;
+      return kva__refuse(c, KVA_ERR_FULL, __func__, "the pool has too few free or reclaimable blocks for the appends");
     }
     avail += pl.releasable - pl.copies - pl.fresh;
   }
@@ -4693,11 +4754,12 @@ KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   kva__seq *s, *d;
   int i, w, id, gen;
   int32_t *table, *stored, *span_table, *span_from;
-  if (!c || !dst) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !dst, KVA_ERR_ARG);
   s = kva__seq_get(c, src);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   d = kva__seq_alloc(c, &id);
-  if (!d) return KVA_ERR_SEQ_LIMIT;
+  KVA__REFUSE_WHY(c, !d, KVA_ERR_SEQ_LIMIT, "max_seqs sequences are live");
   kva__step_begin(c, s, 0); /* the newest blocks are shared now */
   gen = d->gen;
   table = d->table;
@@ -4728,15 +4790,16 @@ KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
 KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
   kva__seq *s;
   int keep_blocks;
-  if (!c || n_keep < 0) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_keep < 0, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
-  if (n_keep > s->len) return KVA_ERR_ARG;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE(c, n_keep > s->len, KVA_ERR_ARG);
   /* after eviction a slot is no longer its position, except in the newest
      step: its tokens were appended after the eviction, at the end */
-  if (s->pos != s->len && n_keep < s->len - s->last_append) return KVA_ERR_UNSUPPORTED;
+  KVA__REFUSE(c, s->pos != s->len && n_keep < s->len - s->last_append, KVA_ERR_UNSUPPORTED);
   /* a WINDOW / CHUNK group must still hold what the next query sees */
-  if (!kva__spans_hold(c, s, n_keep)) return KVA_ERR_UNSUPPORTED;
+  KVA__REFUSE(c, !kva__spans_hold(c, s, n_keep), KVA_ERR_UNSUPPORTED);
   keep_blocks = kva__blocks_for(c, n_keep);
   kva__spans_drop_from(c, s, keep_blocks);
   while (s->n_blocks > keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
@@ -4757,29 +4820,30 @@ KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_
   kva__seq *s;
   int j, l, g, first, start, new_len, unstored, kept_stored;
   long copies = 0;
-  if (!c || n_new < 0 || n_keep < 0 || n_keep > n_new || (n_keep > 0 && !keep)) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_new < 0 || n_keep < 0 || n_keep > n_new || (n_keep > 0 && !keep), KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
-  if (n_new > s->len) return KVA_ERR_ARG;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE(c, n_new > s->len, KVA_ERR_ARG);
   for (j = 0; j < n_keep; j++)
-    if (keep[j] < 0 || keep[j] >= n_new || (j > 0 && keep[j] <= keep[j - 1])) return KVA_ERR_ARG;
+    KVA__REFUSE(c, keep[j] < 0 || keep[j] >= n_new || (j > 0 && keep[j] <= keep[j - 1]), KVA_ERR_ARG);
   /* after eviction only the newest step's slots are still its positions, in order */
-  if (s->pos != s->len && n_new > s->last_append) return KVA_ERR_UNSUPPORTED;
+  KVA__REFUSE(c, s->pos != s->len && n_new > s->last_append, KVA_ERR_UNSUPPORTED);
   start = s->len - n_new;
   new_len = start + n_keep;
   for (first = 0; first < n_keep && keep[first] == first; first++) {
   } /* the kept tokens before `first` are in place already */
   /* a WINDOW / CHUNK group must still hold the tokens that move and what the next query sees */
-  if (!kva__spans_hold(c, s, start)) return KVA_ERR_UNSUPPORTED;
+  KVA__REFUSE(c, !kva__spans_hold(c, s, start), KVA_ERR_UNSUPPORTED);
   if (first < n_keep) { /* blocks of slots start + first .. new_len - 1 are rewritten */
     int b, w;
     for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++) copies += kva__block_shared(c, s->table[b]);
-    if (copies > (long)c->n_free + c->n_cached) return KVA_ERR_FULL;
+    KVA__REFUSE(c, copies > (long)c->n_free + c->n_cached, KVA_ERR_FULL);
     for (w = 0; w < c->n_spans; w++) {
       const int32_t *t = kva__span_table(c, s, w);
       long span_copies = 0;
       for (b = (start + first) / c->bs; b < kva__blocks_for(c, new_len); b++) span_copies += c->spans[w].ref[t[b]] > 1;
-      if (span_copies > kva__span_avail(&c->spans[w])) return KVA_ERR_FULL;
+      KVA__REFUSE(c, span_copies > kva__span_avail(&c->spans[w]), KVA_ERR_FULL);
     }
   }
 
@@ -4891,15 +4955,16 @@ static inline void kva__publish_blocks(kva_cache *c, const kva__seq *s, const in
 KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens, int n_tokens, uint64_t salt) {
   kva__seq *s;
   int n_full;
-  if (!c || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_tokens < 0 || (n_tokens > 0 && !tokens), KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
-  if (n_tokens > s->len) return KVA_ERR_ARG;
-  if (s->pos != s->len) return KVA_ERR_UNSUPPORTED; /* evicted tokens: blocks no longer match token ids */
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE(c, n_tokens > s->len, KVA_ERR_ARG);
+  KVA__REFUSE(c, s->pos != s->len, KVA_ERR_UNSUPPORTED); /* evicted tokens: blocks no longer match token ids */
   if (n_tokens == 0) return KVA_OK;
   n_full = n_tokens / c->bs;
-  if ((long)n_full * c->bs > (long)kva__first_unstored(c, s)) /* published blocks hold every layer's tokens */
-    return KVA_ERR_NOT_STORED;
+  KVA__REFUSE_WHY(c, (long)n_full * c->bs > (long)kva__first_unstored(c, s), KVA_ERR_NOT_STORED,
+                  "a block to publish holds tokens not stored in every layer");
   kva__step_begin(c, s, 0); /* its blocks may be shared from now on */
   kva__publish_blocks(c, s, tokens, n_full, salt);
   return KVA_OK;
@@ -4927,9 +4992,10 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
   int id, i, w, max_blocks;
   int32_t parent = -1;
   uint64_t parent_gen = 0;
-  if (!c || !seq || !n_reused || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !seq || !n_reused || n_tokens < 0 || (n_tokens > 0 && !tokens), KVA_ERR_ARG);
   s = kva__seq_alloc(c, &id);
-  if (!s) return KVA_ERR_SEQ_LIMIT;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ_LIMIT, __func__, "max_seqs sequences are live");
   max_blocks = n_tokens > 0 ? (n_tokens - 1) / c->bs : 0;
   for (i = 0; i < max_blocks; i++) {
     int32_t b = kva__prefix_find(c, parent, parent_gen, salt, tokens + (size_t)i * (size_t)c->bs);
@@ -4965,7 +5031,7 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
 /* Forget every published block (after new weights or new FP8 scales). */
 KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
   int b;
-  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !c, KVA_ERR_ARG);
   for (b = 0; b < c->n_blocks; b++)
     if (c->blk[b].published) kva__unpublish(c, b);
   return KVA_OK;
@@ -5119,17 +5185,18 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   unsigned char *p;
   uint32_t u32;
   uint64_t u64;
-  if (!c || !size) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !size, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u) |
           (c->n_spans ? KVA__STREAM_SPANS : 0u) | (unsigned)c->rotate << KVA__STREAM_ROTATE_SHIFT;
   n_prefix = kva__seq_prefix_blocks(c, s) * c->bs;
   need = kva__stream_size(c, s->len, flags, n_prefix);
-  if (need == (size_t)-1) return KVA_ERR_NOMEM;
+  KVA__REFUSE(c, need == (size_t)-1, KVA_ERR_NOMEM);
   *size = need;
   if (!buf) return KVA_OK;
-  if (cap < need) return KVA_ERR_ARG;
+  KVA__REFUSE(c, cap < need, KVA_ERR_ARG);
   p = (unsigned char *)buf;
   p = kva__put(p, KVA__STREAM_MAGIC, 8);
   u32 = KVA__STREAM_VERSION, p = kva__put(p, &u32, 4);
@@ -5231,48 +5298,49 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
   int i, l, g, len, pos, step, unstored, n_prefix, first_unstored, id;
   size_t layer_bytes;
   kva__seq *s;
-  if (!c || !buf || !seq) return KVA_ERR_ARG;
-  if (size < KVA__STREAM_HEADER + 8 || memcmp(in, KVA__STREAM_MAGIC, 8) != 0) return KVA_ERR_STREAM;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !buf || !seq, KVA_ERR_ARG);
+  KVA__REFUSE(c, size < KVA__STREAM_HEADER + 8 || memcmp(in, KVA__STREAM_MAGIC, 8) != 0, KVA_ERR_STREAM);
   memcpy(&u32, in + 12, 4);
-  if (u32 == 0x04030201u) return KVA_ERR_UNSUPPORTED; /* the other byte order: nothing else reads right */
-  if (u32 != KVA__STREAM_ORDER) return KVA_ERR_STREAM;
+  KVA__REFUSE(c, u32 == 0x04030201u, KVA_ERR_UNSUPPORTED); /* the other byte order: nothing else reads right */
+  KVA__REFUSE(c, u32 != KVA__STREAM_ORDER, KVA_ERR_STREAM);
   memcpy(&u64, in + 16, 8);
-  if (u64 != (uint64_t)size) return KVA_ERR_STREAM;
+  KVA__REFUSE(c, u64 != (uint64_t)size, KVA_ERR_STREAM);
   memcpy(&u64, in + size - 8, 8);
-  if (u64 != kva__stream_checksum(in, size - 8)) return KVA_ERR_STREAM;
+  KVA__REFUSE(c, u64 != kva__stream_checksum(in, size - 8), KVA_ERR_STREAM);
   memcpy(&u32, in + 8, 4);
-  if (u32 != KVA__STREAM_VERSION) return KVA_ERR_UNSUPPORTED;
+  KVA__REFUSE(c, u32 != KVA__STREAM_VERSION, KVA_ERR_UNSUPPORTED);
   for (i = 0; i < 26; i++) h[i] = kva__get_i32(in + 24 + 4 * (size_t)i);
   /* h: kind n_layers G D DV bs flags | len pos step unstored | 2 x 5 policy | n_prefix 0 | salt (2 words) | 0 */
   for (i = 24 + 26 * 4; i < KVA__STREAM_HEADER; i++) /* reserved */
-    if (in[i]) return KVA_ERR_STREAM;
+    KVA__REFUSE(c, in[i], KVA_ERR_STREAM);
   if (h[0] != (int32_t)c->kind || h[1] != c->n_layers || h[2] != c->G || h[3] != c->D || h[4] != c->DV)
-    return KVA_ERR_UNSUPPORTED; /* another cache shape */
+    return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, "the stream is of another cache shape");
   flags = (unsigned)h[6];
   len = h[7], pos = h[8], step = h[9], unstored = h[10];
   if (h[5] <= 0 || h[6] < 0 || h[6] > 31 || len < 0 || pos < len || step < 0 || step > len || unstored < -1 ||
       h[22] != 0 || h[25] != 0 || unstored >= len || (h[21] == 0 && (h[23] != 0 || h[24] != 0)))
-    return KVA_ERR_STREAM;
+    return kva__refuse(c, KVA_ERR_STREAM, __func__, "the stream's header is inconsistent");
   for (i = 0; i < 2; i++) {
     kva_evict *e = &ev[i];
     e->kind = h[11 + 5 * i], e->budget = h[12 + 5 * i], e->n_sink = h[13 + 5 * i];
     e->n_recent = h[14 + 5 * i], e->rollback = h[15 + 5 * i];
     if (kva__evict_check(e) != KVA_OK || (e->kind == KVA_EVICT_NONE && (e->budget || e->n_sink || e->n_recent ||
                                                                         e->rollback)))
-      return KVA_ERR_STREAM;
+      return kva__refuse(c, KVA_ERR_STREAM, __func__, "the stream's eviction policy is invalid");
   }
   /* the layers: types and scales must be this cache's */
   layer_bytes = (size_t)c->n_layers * (16 + 8 * (size_t)c->G + (flags & KVA__STREAM_SPANS ? 16 : 0));
-  if (size - KVA__STREAM_HEADER - 8 < layer_bytes) return KVA_ERR_STREAM;
+  KVA__REFUSE(c, size - KVA__STREAM_HEADER - 8 < layer_bytes, KVA_ERR_STREAM);
   lay = in + KVA__STREAM_HEADER;
-  if (!(flags & KVA__STREAM_SPANS) != !c->n_spans) return KVA_ERR_UNSUPPORTED; /* another layer pattern */
-  if ((int)(flags >> KVA__STREAM_ROTATE_SHIFT) != c->rotate) return KVA_ERR_UNSUPPORTED; /* another basis */
+  KVA__REFUSE(c, !(flags & KVA__STREAM_SPANS) != !c->n_spans, KVA_ERR_UNSUPPORTED); /* another layer pattern */
+  KVA__REFUSE(c, (int)(flags >> KVA__STREAM_ROTATE_SHIFT) != c->rotate, KVA_ERR_UNSUPPORTED); /* another basis */
   for (l = 0; l < c->n_layers && c->n_spans; l++) {
     int32_t span[4];
     kva__layer_span_record(c, l, span);
     for (i = 0; i < 4; i++)
       if (kva__get_i32(lay + (size_t)c->n_layers * (16 + 8 * (size_t)c->G) + 16 * (size_t)l + 4 * (size_t)i) != span[i])
-        return KVA_ERR_UNSUPPORTED;
+        return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, "the stream has another layer-group pattern");
   }
   first_unstored = unstored < 0 ? INT_MAX : unstored;
   for (l = 0; l < c->n_layers; l++) {
@@ -5281,36 +5349,37 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
     if (kva__get_i32(L) != (int32_t)c->kt[l] || kva__get_i32(L + 4) != (int32_t)c->vt[l] ||
         memcmp(L + 16, c->k_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G) != 0 ||
         memcmp(L + 16 + 4 * (size_t)c->G, c->v_fp8 + (size_t)l * (size_t)c->G, 4 * (size_t)c->G) != 0)
-      return KVA_ERR_UNSUPPORTED; /* another storage type or FP8 scale */
-    if (from < 0 || to < from || to > step) return KVA_ERR_STREAM;
+      return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, "the stream has another storage type or FP8 scale");
+    KVA__REFUSE(c, from < 0 || to < from || to > step, KVA_ERR_STREAM);
     left = from > 0 ? 0 : to; /* as kva__step_unstored */
     if (left < step && len - step + left < first_unstored) first_unstored = len - step + left;
   }
   n_prefix = h[21];
   if (n_prefix < 0 || n_prefix > len || n_prefix % h[5] != 0 ||
       (n_prefix > 0 && (pos != len || n_prefix > len - step || n_prefix > first_unstored)))
-    return KVA_ERR_STREAM;
-  if (kva__stream_size(c, len, flags, n_prefix) != size) return KVA_ERR_STREAM;
-  if (pos != len && !(flags & KVA__STREAM_POS)) return KVA_ERR_STREAM; /* evicted without positions */
+    return kva__refuse(c, KVA_ERR_STREAM, __func__, "the stream's published prefix length is invalid");
+  KVA__REFUSE(c, kva__stream_size(c, len, flags, n_prefix) != size, KVA_ERR_STREAM);
+  KVA__REFUSE(c, pos != len && !(flags & KVA__STREAM_POS), KVA_ERR_STREAM); /* evicted without positions */
   rows = lay + layer_bytes + 4 * (size_t)n_prefix;
-  if (!kva__stream_rows_ok(c, rows, len, pos, step, flags)) return KVA_ERR_STREAM;
+  KVA__REFUSE(c, !kva__stream_rows_ok(c, rows, len, pos, step, flags), KVA_ERR_STREAM);
   for (i = 0; i < c->n_spans; i++) { /* a group holds what the step's queries may see */
     int first = kva__span_first_block(c, &c->spans[i], len - step), sinks = kva__span_sink_blocks(c, &c->spans[i]);
     int n_blocks = kva__blocks_for(c, len), held;
     if (first > n_blocks) first = n_blocks;
     held = n_blocks - (first > sinks ? first - sinks : 0);
-    if (held > kva__span_avail(&c->spans[i])) return KVA_ERR_FULL;
+    KVA__REFUSE(c, held > kva__span_avail(&c->spans[i]), KVA_ERR_FULL);
   }
   /* what this cache must keep for it */
   for (i = 0; i < 2; i++)
     if ((ev[i].kind == KVA_EVICT_H2O && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
         (ev[i].kind == KVA_EVICT_WINDOW && c->evict_support == KVA_EVICT_SUPPORT_NONE))
-      return KVA_ERR_UNSUPPORTED;
-  if (pos != len && !c->block_pos) return KVA_ERR_UNSUPPORTED; /* evicted: positions are not the slots */
-  if (kva__blocks_for(c, len) > c->max_table || kva__blocks_for(c, len) > c->n_free + c->n_cached)
-    return KVA_ERR_FULL;
+      return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
+                         "the stream's eviction policy needs scores / positions this cache does not keep");
+  KVA__REFUSE(c, pos != len && !c->block_pos, KVA_ERR_UNSUPPORTED); /* evicted: positions are not the slots */
+  KVA__REFUSE_WHY(c, kva__blocks_for(c, len) > c->max_table || kva__blocks_for(c, len) > c->n_free + c->n_cached,
+                  KVA_ERR_FULL, "too few free blocks for the stream's tokens");
   s = kva__seq_alloc(c, &id);
-  if (!s) return KVA_ERR_SEQ_LIMIT;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ_LIMIT, __func__, "max_seqs sequences are live");
 
   /* commit */
   while (s->n_blocks < kva__blocks_for(c, len)) s->table[s->n_blocks++] = kva__block_take(c);
@@ -5408,23 +5477,24 @@ KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offse
   float stack_row[1024], *tmp = NULL;
   size_t row_bytes;
   kva__heap heap;
-  if (!c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || offset < 0) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, layer < 0 || layer >= c->n_layers || n_tokens < 0 || offset < 0, KVA_ERR_ARG);
   row_bytes = (size_t)(c->D > c->DV ? c->D : c->DV) * sizeof(float);
-  if (n_tokens > 0 && (!k || (c->kind == KVA_CACHE_KV && !v))) return KVA_ERR_ARG;
-  if (k_stride < 0 || v_stride < 0 || (k_stride && k_stride < c->G * c->D) || (v_stride && v_stride < c->G * c->DV))
-    return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_tokens > 0 && (!k || (c->kind == KVA_CACHE_KV && !v)), KVA_ERR_ARG);
+  KVA__REFUSE(c, k_stride < 0 || v_stride < 0, KVA_ERR_ARG);
+  KVA__REFUSE(c, (k_stride && k_stride < c->G * c->D) || (v_stride && v_stride < c->G * c->DV), KVA_ERR_ARG);
   ks = k_stride ? (size_t)k_stride : (size_t)c->G * (size_t)c->D;
   vs = v_stride ? (size_t)v_stride : (size_t)c->G * (size_t)c->DV;
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   if (n_tokens == 0) return KVA_OK;
-  if (n_tokens > s->last_append || offset > s->last_append - n_tokens) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_tokens > s->last_append || offset > s->last_append - n_tokens, KVA_ERR_STEP);
   done = s->stored + 2 * layer; /* what is stored stays one range: this chunk must touch it */
-  if (done[1] > done[0] && (offset > done[1] || offset + n_tokens < done[0])) return KVA_ERR_ARG;
+  KVA__REFUSE(c, done[1] > done[0] && (offset > done[1] || offset + n_tokens < done[0]), KVA_ERR_ARG);
   heap.alloc_fn = c->alloc_fn, heap.free_fn = c->free_fn, heap.user = c->user;
   if (c->rotate) { /* a row at a time, rotated first */
     tmp = row_bytes <= sizeof stack_row ? stack_row : (float *)kva__heap_take(&heap, row_bytes);
-    if (!tmp) return KVA_ERR_NOMEM;
+    KVA__REFUSE(c, !tmp, KVA_ERR_NOMEM);
   }
   for (t = 0; t < n_tokens; t++) {
     int slot = s->len - s->last_append + offset + t, in_block;
@@ -5529,19 +5599,25 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
 KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                         float *out, float *lse) {
   kva__attn_params P;
+  const char *why;
   kva__kv_view w;
   kva__seq *s;
-  if (!c || layer < 0 || layer >= c->n_layers || n_q < 0) return KVA_ERR_ARG;
-  if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
-  if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
-  if (kva__layer_span_params(c, layer, &P) != KVA_OK) return KVA_ERR_ARG;
-  if (n_q > 0 && (!q || !out)) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, layer < 0 || layer >= c->n_layers || n_q < 0, KVA_ERR_ARG);
+  if (kva__attn_resolve(a, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
+  KVA__REFUSE_WHY(c, P.G != c->G, KVA_ERR_ARG, "a->n_kv_heads differs from the cache's n_kv_heads");
+  KVA__REFUSE_WHY(c, P.D != c->D, KVA_ERR_ARG, "a->head_dim differs from the cache's head_dim");
+  KVA__REFUSE_WHY(c, P.DV != c->DV, KVA_ERR_ARG, "a->v_dim differs from the cache's v_dim");
+  KVA__REFUSE_WHY(c, kva__layer_span_params(c, layer, &P) != KVA_OK, KVA_ERR_ARG,
+                  "the layer's WINDOW / CHUNK group does not hold what a->window, n_sink or chunk_size ask for");
+  KVA__REFUSE(c, n_q > 0 && (!q || !out), KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   if (n_q == 0) return KVA_OK;
-  if (n_q > s->last_append) return KVA_ERR_ARG;
-  if (a->tree_parent && kva__tree_check(a->tree_parent, n_q) != KVA_OK) return KVA_ERR_ARG;
-  if (!kva__step_stored(s, layer)) return KVA_ERR_NOT_STORED;
+  KVA__REFUSE(c, n_q > s->last_append, KVA_ERR_STEP);
+  KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent, n_q) != KVA_OK, KVA_ERR_ARG);
+  KVA__REFUSE_WHY(c, !kva__step_stored(s, layer), KVA_ERR_NOT_STORED,
+                  "the step's tokens are not all stored in this layer: kva_store them before attending");
   kva__cache_view(c, s, layer, &w);
   w.tree_parent = a->tree_parent;
   w.tree_base = (int32_t)(s->pos - n_q);
@@ -5557,7 +5633,7 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
     if (c->rotate & KVA_ROTATE_K) { /* the queries in the keys' basis, packed */
       int t;
       rq = rq_floats <= KVA__ROTATE_STACK ? rq_stack : (float *)kva__heap_take(&from_cache, rq_floats * sizeof(float));
-      if (!rq) return KVA_ERR_NOMEM;
+      KVA__REFUSE(c, !rq, KVA_ERR_NOMEM);
       for (t = 0; t < n_q; t++)
         memcpy(rq + (size_t)t * (size_t)P.H * (size_t)P.D, q + (size_t)t * P.q_stride,
                (size_t)P.H * (size_t)P.D * sizeof(float));
@@ -5688,20 +5764,25 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
                                           int n_seqs, kva_batch *old, kva_batch **out) {
   kva__attn_params P;
   kva__layout L;
+  const char *why;
   size_t part = 0, q_floats;
   int i, n_units = 0, n_parts = 0, n_merges = 0, items_total = 0, rows_total = 0, u, pi, mi;
   unsigned char *mem;
   kva_batch *b, sizing, block;
-  if (!c || n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q))) return KVA_ERR_ARG;
-  if (kva__attn_resolve(a, &P) != KVA_OK) return KVA_ERR_ARG;
-  if (P.G != c->G || P.D != c->D || P.DV != c->DV) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q)), KVA_ERR_ARG);
+  if (kva__attn_resolve(a, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
+  KVA__REFUSE_WHY(c, P.G != c->G, KVA_ERR_ARG, "a->n_kv_heads differs from the cache's n_kv_heads");
+  KVA__REFUSE_WHY(c, P.D != c->D, KVA_ERR_ARG, "a->head_dim differs from the cache's head_dim");
+  KVA__REFUSE_WHY(c, P.DV != c->DV, KVA_ERR_ARG, "a->v_dim differs from the cache's v_dim");
   for (i = 0; i < n_seqs; i++) { /* validate, and count the items */
     const kva__seq *s = kva__seq_get(c, seqs[i]);
     int rows, chunks;
-    if (!s) return KVA_ERR_SEQ;
-    if (n_q[i] < 0 || n_q[i] > s->last_append) return KVA_ERR_ARG;
-    if ((int64_t)rows_total + n_q[i] > INT_MAX / P.H) return KVA_ERR_ARG;
-    if (a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK) return KVA_ERR_ARG;
+    if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+    KVA__REFUSE(c, n_q[i] < 0, KVA_ERR_ARG);
+    KVA__REFUSE(c, n_q[i] > s->last_append, KVA_ERR_STEP);
+    KVA__REFUSE(c, (int64_t)rows_total + n_q[i] > INT_MAX / P.H, KVA_ERR_ARG);
+    KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK, KVA_ERR_ARG);
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
@@ -5714,13 +5795,13 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   q_floats = c->rotate & KVA_ROTATE_K ? (size_t)rows_total * (size_t)P.H * (size_t)P.D : 0;
   kva__batch_layout(&L, &sizing, n_seqs, n_units, n_merges, (size_t)n_parts * part,
                     a->tree_parent ? (size_t)rows_total : 0, a->sink_logits ? (size_t)P.H : 0, q_floats);
-  if (L.overflow) return KVA_ERR_NOMEM;
+  KVA__REFUSE(c, L.overflow, KVA_ERR_NOMEM);
   if (old && L.size <= old->bytes) { /* rebuild in place: the block keeps its size and owner */
     block = *old;
     mem = (unsigned char *)old;
   } else {
     mem = (unsigned char *)(c->alloc_fn ? c->alloc_fn(L.size, 64, c->user) : KVATTN_MALLOC(L.size));
-    if (!mem) return KVA_ERR_NOMEM;
+    KVA__REFUSE(c, !mem, KVA_ERR_NOMEM);
     block.bytes = L.size;
     block.free_fn = c->alloc_fn ? c->free_fn : NULL;
     block.user = c->user;
@@ -5767,7 +5848,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
 
 KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
                                   kva_batch **plan) {
-  if (!plan) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !plan, KVA_ERR_ARG);
   *plan = NULL;
   return kva__batch_build(c, a, seqs, n_q, n_seqs, NULL, plan);
 }
@@ -5777,7 +5858,7 @@ KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *se
    *plan is left as it was, still valid. */
 KVA_API kva_status kva_batch_replan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
                                     kva_batch **plan) {
-  if (!plan) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !plan, KVA_ERR_ARG);
   return kva__batch_build(c, a, seqs, n_q, n_seqs, *plan, plan);
 }
 
@@ -5789,22 +5870,25 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   const kva__attn_params *P;
   int i;
   if (b) b->layer = -1;
-  if (!c || !b || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !b || layer < 0 || layer >= c->n_layers, KVA_ERR_ARG);
   P = &b->P;
-  if (P->G != c->G || P->D != c->D || P->DV != c->DV) return KVA_ERR_ARG;
+  KVA__REFUSE(c, P->G != c->G || P->D != c->D || P->DV != c->DV, KVA_ERR_ARG);
   b->layer_P = *P;
-  if (kva__layer_span_params(c, layer, &b->layer_P) != KVA_OK || b->rotate != c->rotate) return KVA_ERR_ARG;
-  if (b->n_units > 0 && (!q || !out)) return KVA_ERR_ARG;
+  KVA__REFUSE_WHY(c, kva__layer_span_params(c, layer, &b->layer_P) != KVA_OK, KVA_ERR_ARG,
+                  "the layer's WINDOW / CHUNK group does not hold what a->window, n_sink or chunk_size ask for");
+  KVA__REFUSE(c, b->rotate != c->rotate, KVA_ERR_ARG);
+  KVA__REFUSE(c, b->n_units > 0 && (!q || !out), KVA_ERR_ARG);
   for (i = 0; i < b->n_seqs; i++) { /* a stale plan: the sequence moved on (argument errors first) */
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
     if (s && (s->len != b->len[i] || s->pos != b->pos[i] || (int)s->evict.kind != b->evict_kind[i] ||
               b->n_q[i] > s->last_append))
-      return KVA_ERR_ARG;
+      return kva__refuse(c, KVA_ERR_ARG, __func__, "a sequence changed since the plan was made: plan again");
   }
   for (i = 0; i < b->n_seqs; i++)
-    if (!kva__seq_get(c, b->seq_id[i])) return KVA_ERR_SEQ;
+    KVA__REFUSE_WHY(c, !kva__seq_get(c, b->seq_id[i]), KVA_ERR_SEQ, "a sequence of the plan was freed");
   for (i = 0; i < b->n_seqs; i++)
-    if (b->n_q[i] > 0 && !kva__step_stored(kva__seq_get(c, b->seq_id[i]), layer)) return KVA_ERR_NOT_STORED;
+    KVA__REFUSE(c, b->n_q[i] > 0 && !kva__step_stored(kva__seq_get(c, b->seq_id[i]), layer), KVA_ERR_NOT_STORED);
   for (i = 0; i < b->n_seqs; i++) {
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
     kva__cache_view(c, s, layer, &b->views[i]);
@@ -5915,14 +5999,16 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
   const kva__seq *s;
   int g, in_block;
   int32_t b;
-  if (!c || layer < 0 || layer >= c->n_layers || slot < 0) return KVA_ERR_ARG;
-  if (c->kind == KVA_CACHE_LATENT && v) return KVA_ERR_ARG;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, layer < 0 || layer >= c->n_layers || slot < 0, KVA_ERR_ARG);
+  KVA__REFUSE(c, c->kind == KVA_CACHE_LATENT && v, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
-  if (slot >= s->len) return KVA_ERR_ARG;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE(c, slot >= s->len, KVA_ERR_ARG);
   b = kva__slot_block(c, s, layer, slot, &in_block);
   if (c->layer_span[layer] >= 0 && b == kva__span_hole(&c->spans[c->layer_span[layer]]))
-    return KVA_ERR_UNSUPPORTED; /* the layer's group released that token: no query can see it */
+    return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
+                       "the layer's WINDOW / CHUNK group released that token (no query can see it)");
   for (g = 0; g < c->G; g++) {
     if (k)
       kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D,
@@ -5987,31 +6073,39 @@ KVA_API size_t kva_gqa_workspace_bytes(const kva_gqa_layer *L, int n_tokens) {
 KVA_API kva_status kva_gqa_forward(const kva_gqa_layer *L, kva_cache *c, int seq, int layer, const float *x,
                                    int n_tokens, float *y) {
   kva__attn_params P;
+  const char *why;
   kva__seq *s;
   float *q, *k, *v, *att;
   int32_t *pos;
   int t, dim = 0, nt, owned;
   size_t nq, nkv, bytes;
   kva_status st;
-  if (!L || !c || layer < 0 || layer >= c->n_layers || n_tokens < 0 || L->d_model <= 0) return KVA_ERR_ARG;
-  if (((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0) return KVA_ERR_ARG;
-  if (kva__attn_resolve(&L->attn, &P) != KVA_OK || L->attn.v_dim != 0) return KVA_ERR_ARG;
-  if (P.G != c->G || P.D != c->D || P.DV != c->DV || c->kind != KVA_CACHE_KV) return KVA_ERR_ARG;
-  if (kva__layer_span_params(c, layer, &P) != KVA_OK) return KVA_ERR_ARG;
-  if (kva__rope_check(&L->rope, P.D, &dim) != KVA_OK) return KVA_ERR_ARG;
-  if (!L->wq || !L->wk || !L->wv || !L->wo || (n_tokens > 0 && (!x || !y))) return KVA_ERR_ARG;
+  if (!L || !c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, layer < 0 || layer >= c->n_layers || n_tokens < 0 || L->d_model <= 0, KVA_ERR_ARG);
+  KVA__REFUSE(c, ((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0, KVA_ERR_ARG);
+  if (kva__attn_resolve(&L->attn, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
+  KVA__REFUSE(c, L->attn.v_dim != 0, KVA_ERR_ARG);
+  KVA__REFUSE_WHY(c, P.G != c->G, KVA_ERR_ARG, "attn.n_kv_heads differs from the cache's n_kv_heads");
+  KVA__REFUSE_WHY(c, P.D != c->D, KVA_ERR_ARG, "attn.head_dim differs from the cache's head_dim");
+  KVA__REFUSE(c, P.DV != c->DV || c->kind != KVA_CACHE_KV, KVA_ERR_ARG);
+  KVA__REFUSE_WHY(c, kva__layer_span_params(c, layer, &P) != KVA_OK, KVA_ERR_ARG,
+                  "the layer's WINDOW / CHUNK group does not hold what attn.window, n_sink or chunk_size ask for");
+  KVA__REFUSE_WHY(c, kva__rope_check(&L->rope, P.D, &dim) != KVA_OK, KVA_ERR_ARG, "the layer's kva_rope is invalid");
+  KVA__REFUSE(c, !L->wq || !L->wk || !L->wv || !L->wo, KVA_ERR_ARG);
+  KVA__REFUSE(c, n_tokens > 0 && (!x || !y), KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   if (n_tokens == 0) return KVA_OK;
-  if (n_tokens > s->last_append) return KVA_ERR_ARG;
-  if (L->attn.tree_parent && kva__tree_check(L->attn.tree_parent, n_tokens) != KVA_OK) return KVA_ERR_ARG;
-  if (!kva__store_completes(s, layer, n_tokens)) return KVA_ERR_NOT_STORED;
+  KVA__REFUSE(c, n_tokens > s->last_append, KVA_ERR_STEP);
+  KVA__REFUSE(c, L->attn.tree_parent && kva__tree_check(L->attn.tree_parent, n_tokens) != KVA_OK, KVA_ERR_ARG);
+  KVA__REFUSE_WHY(c, !kva__store_completes(s, layer, n_tokens), KVA_ERR_NOT_STORED,
+                  "an earlier part of the step is not stored in this layer");
 
   nq = (size_t)n_tokens * (size_t)P.H * (size_t)P.D;
   nkv = (size_t)n_tokens * (size_t)P.G * (size_t)P.D;
   bytes = kva_gqa_workspace_bytes(L, n_tokens);
   q = (float *)kva__tmp_take(c, L->workspace, L->workspace_bytes, bytes, &owned);
-  if (!q) return KVA_ERR_NOMEM;
+  KVA__REFUSE(c, !q, KVA_ERR_NOMEM);
   k = q + nq;
   v = k + nkv;
   att = v + nkv;
@@ -6219,15 +6313,19 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   float scale, eps;
   void *buf;
   kva_status st;
-  if (kva__mla_check(L, c, layer) != KVA_OK || n_tokens < 0) return KVA_ERR_ARG;
-  if (((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0) return KVA_ERR_ARG;
-  if (n_tokens > 0 && (!x || !y)) return KVA_ERR_ARG;
+  if (!L || !c) return KVA_ERR_ARG;
+  KVA__REFUSE_WHY(c, kva__mla_check(L, c, layer) != KVA_OK, KVA_ERR_ARG,
+                  "the kva_mla_layer's shapes, weights or layer do not fit this LATENT cache");
+  KVA__REFUSE(c, n_tokens < 0, KVA_ERR_ARG);
+  KVA__REFUSE(c, ((uintptr_t)L->workspace & (sizeof(float) - 1)) != 0, KVA_ERR_ARG);
+  KVA__REFUSE(c, n_tokens > 0 && (!x || !y), KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
-  if (!s) return KVA_ERR_SEQ;
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   if (n_tokens == 0) return KVA_OK;
-  if (n_tokens > s->last_append) return KVA_ERR_ARG;
-  if (!kva__store_completes(s, layer, n_tokens)) return KVA_ERR_NOT_STORED;
-  if (L->naive && c->layer_span[layer] >= 0) return KVA_ERR_UNSUPPORTED; /* it reads every token back */
+  KVA__REFUSE(c, n_tokens > s->last_append, KVA_ERR_STEP);
+  KVA__REFUSE_WHY(c, !kva__store_completes(s, layer, n_tokens), KVA_ERR_NOT_STORED,
+                  "an earlier part of the step is not stored in this layer");
+  KVA__REFUSE(c, L->naive && c->layer_span[layer] >= 0, KVA_ERR_UNSUPPORTED); /* it reads every token back */
 
   H = L->n_heads; d_latent = L->d_latent; d_nope = L->d_nope; d_rope = L->d_rope;
   q_width = d_nope + d_rope;
@@ -6236,9 +6334,9 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
   eps = L->norm_eps > 0.0f ? L->norm_eps : 1e-6f;
   scale = L->scale != 0.0f ? L->scale : (float)(1.0 / sqrt((double)q_width));
   kva__mla_layout(&Lo, &w, L, (size_t)n_tokens, (size_t)s->len);
-  if (Lo.overflow) return KVA_ERR_NOMEM;
+  KVA__REFUSE(c, Lo.overflow, KVA_ERR_NOMEM);
   buf = kva__tmp_take(c, L->workspace, L->workspace_bytes, Lo.size, &owned);
-  if (!buf) return KVA_ERR_NOMEM;
+  KVA__REFUSE(c, !buf, KVA_ERR_NOMEM);
   Lo.base = (unsigned char *)buf, Lo.size = 0;
   kva__mla_layout(&Lo, &w, L, (size_t)n_tokens, (size_t)s->len);
   for (t = 0; t < n_tokens; t++) w.pos[t] = (int32_t)(s->pos - n_tokens + t);

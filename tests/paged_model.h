@@ -516,7 +516,7 @@ static inline void pm_do_store(pm_model *m, pm_seq *q, int l, int n, int honest)
     return;
   }
   if (!valid) {
-    PM_CHECK(st == KVA_ERR_ARG, "kva_store of %d tokens, latest append %d: %s, want KVA_ERR_ARG", n,
+    PM_CHECK(st == KVA_ERR_STEP, "kva_store of %d tokens, latest append %d: %s, want KVA_ERR_STEP", n,
              q->last_append, kva_status_str(st));
     return;
   }
@@ -939,7 +939,7 @@ static inline void pm_op_attend(pm_model *m) {
   kt_fill_sentinel(out, nout);
   st = kva_attend_cache(m->c, q->id, l, &at, qf, nq, out);
   if (nq > q->last_append) {
-    PM_CHECK(st == KVA_ERR_ARG, "kva_attend_cache(n_q %d, latest append %d) = %s, want KVA_ERR_ARG", nq,
+    PM_CHECK(st == KVA_ERR_STEP, "kva_attend_cache(n_q %d, latest append %d) = %s, want KVA_ERR_STEP", nq,
              q->last_append, kva_status_str(st));
     PM_CHECK(kt_all_sentinel(out, nout), "failed kva_attend_cache wrote its output");
   } else if (!pm_step_stored(m, q, l)) {

@@ -1442,7 +1442,7 @@ static void test_batch_args(void) {
   bad_nq[1] = -1;
   KB_BAD_PLAN(kva_batch_plan(c, &a, seqs, bad_nq, 3, &p), KVA_ERR_ARG, "n_q[1] < 0");
   bad_nq[1] = 4; /* its last append was 3 */
-  KB_BAD_PLAN(kva_batch_plan(c, &a, seqs, bad_nq, 3, &p), KVA_ERR_ARG, "n_q[1] > the last append");
+  KB_BAD_PLAN(kva_batch_plan(c, &a, seqs, bad_nq, 3, &p), KVA_ERR_STEP, "n_q[1] > the last append");
   seqs[2] = 12345;
   KB_BAD_PLAN(kva_batch_plan(c, &a, seqs, nq, 3, &p), KVA_ERR_SEQ, "unknown sequence");
   seqs[2] = -1;
@@ -1513,7 +1513,7 @@ static void test_batch_args(void) {
   kva_batch_free(NULL);
   /* a fork ends its source's latest append: n_q > 0 for the source is an argument error */
   KT_STATUS(kva_seq_fork(c, ids[0], &fork), KVA_OK);
-  KB_BAD_PLAN(kva_batch_plan(c, &a, seqs, nq, 1, &p), KVA_ERR_ARG, "n_q > 0 right after a fork of the sequence");
+  KB_BAD_PLAN(kva_batch_plan(c, &a, seqs, nq, 1, &p), KVA_ERR_STEP, "n_q > 0 right after a fork of the sequence");
   /* a freed sequence */
   KT_STATUS(kva_seq_free(c, ids[1]), KVA_OK);
   nq[0] = 0;
@@ -1792,7 +1792,7 @@ static void test_cache_heap(void) {
       KT_CHECK(kt_same_bits(ob, of, (size_t)NQ * H * D), "a replanned plan attends differently from a fresh one");
     }
     n_big = NQ + 1; /* beyond the step: refused, the plan stays as it was */
-    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_big, 1, &plan), KVA_ERR_ARG);
+    KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_big, 1, &plan), KVA_ERR_STEP);
     KT_CHECK(plan == before, "a refused replan changed *plan");
     KT_STATUS(kva_batch_replan(c[1], &a, &seq[1], &n_small, 1, NULL), KVA_ERR_ARG);
     kva_batch_free(plan);

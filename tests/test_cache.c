@@ -756,15 +756,15 @@ static void test_seq_ids(void) {
     {
       /* every status has its own string; anything else is "unknown status" */
       int a_, b_;
-      for (a_ = KVA_OK; a_ <= KVA_ERR_STREAM; a_++) {
+      for (a_ = KVA_OK; a_ <= KVA_ERR_STEP; a_++) {
         KT_CHECK(strcmp(kva_status_str((kva_status)a_), "unknown status") != 0, "status %d has no string", a_);
         for (b_ = KVA_OK; b_ < a_; b_++)
           KT_CHECK(strcmp(kva_status_str((kva_status)a_), kva_status_str((kva_status)b_)) != 0,
                    "statuses %d and %d share the string \"%s\"", a_, b_, kva_status_str((kva_status)a_));
       }
-      KT_CHECK(strcmp(kva_status_str((kva_status)(KVA_ERR_STREAM + 1)), "unknown status") == 0,
-               "status %d past the last: \"%s\"", KVA_ERR_STREAM + 1,
-               kva_status_str((kva_status)(KVA_ERR_STREAM + 1)));
+      KT_CHECK(strcmp(kva_status_str((kva_status)(KVA_ERR_STEP + 1)), "unknown status") == 0,
+               "status %d past the last: \"%s\"", KVA_ERR_STEP + 1,
+               kva_status_str((kva_status)(KVA_ERR_STEP + 1)));
     }
     KT_CHECK(x == -77, "failed kva_seq_new changed *seq to %d", x);
     if (s_ == KVA_OK) kva_seq_free(c, x);
@@ -822,9 +822,9 @@ static void test_cache_errors(void) {
   kt_attn_init(&at, 4, 2, 4, 6);
 
   /* a fresh sequence has no latest append: store/attend of 1 token fail */
-  KT_STATUS(kva_store(s.c, fresh.id, 0, k, v, 1), KVA_ERR_ARG);
+  KT_STATUS(kva_store(s.c, fresh.id, 0, k, v, 1), KVA_ERR_STEP);
   kt_fill_sentinel(out, sizeof out / sizeof out[0]);
-  KT_STATUS(kva_attend_cache(s.c, fresh.id, 0, &at, qv, 1, out), KVA_ERR_ARG);
+  KT_STATUS(kva_attend_cache(s.c, fresh.id, 0, &at, qv, 1, out), KVA_ERR_STEP);
   KT_CHECK(kt_all_sentinel(out, sizeof out / sizeof out[0]), "failed attend_cache wrote out");
   KT_STATUS(kva_seq_append(s.c, fresh.id, 0), KVA_OK); /* no-op */
   KT_CHECK(kva_seq_len(s.c, fresh.id) == 0, "append(0) changed len");
@@ -842,7 +842,7 @@ static void test_cache_errors(void) {
   kva_cache_get_stats(s.c, &st0);
 
   /* store */
-  KT_STATUS(kva_store(s.c, q.id, 0, k, v, 6), KVA_ERR_ARG); /* more than the latest append */
+  KT_STATUS(kva_store(s.c, q.id, 0, k, v, 6), KVA_ERR_STEP); /* more than the latest append */
   KT_STATUS(kva_store(s.c, q.id, -1, k, v, 1), KVA_ERR_ARG);
   KT_STATUS(kva_store(s.c, q.id, 2, k, v, 1), KVA_ERR_ARG);
   KT_STATUS(kva_store(s.c, q.id, 0, NULL, v, 1), KVA_ERR_ARG);
@@ -860,7 +860,7 @@ static void test_cache_errors(void) {
     KT_CHECK(sst == (want), "%s: status %d, want %d", what, (int)sst, (int)(want));       \
     KT_CHECK(kt_all_sentinel(out, sizeof out / sizeof out[0]), "%s: out changed", what);  \
   } while (0)
-  BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 6, out), KVA_ERR_ARG, "n_q > latest append");
+  BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, 6, out), KVA_ERR_STEP, "n_q > latest append");
   BADA(kva_attend_cache(s.c, q.id, 0, &at, qv, -1, out), KVA_ERR_ARG, "n_q < 0");
   BADA(kva_attend_cache(s.c, q.id, -1, &at, qv, 1, out), KVA_ERR_ARG, "layer -1");
   BADA(kva_attend_cache(s.c, q.id, 2, &at, qv, 1, out), KVA_ERR_ARG, "layer == n_layers");
@@ -935,8 +935,8 @@ static void test_cache_errors(void) {
   KT_STATUS(kva_seq_append(s.c, q.id, 2), KVA_OK);
   q.len = 7;
   sseq_step(&q, 2);
-  KT_STATUS(kva_store(s.c, q.id, 0, k, v, 3), KVA_ERR_ARG);
-  KT_STATUS(kva_attend_cache(s.c, q.id, 0, &at, qv, 3, out), KVA_ERR_ARG);
+  KT_STATUS(kva_store(s.c, q.id, 0, k, v, 3), KVA_ERR_STEP);
+  KT_STATUS(kva_attend_cache(s.c, q.id, 0, &at, qv, 3, out), KVA_ERR_STEP);
   store_random(&r, &s, &q, 0, 2, 1.0f);
   store_random(&r, &s, &q, 1, 1, 1.0f); /* slot 5 of layer 1 stays zero */
   check_readback(&s, &q);
@@ -1085,7 +1085,7 @@ static void test_steps(void) {
   KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_NOT_STORED);
   KT_CHECK(kt_all_sentinel(out2, sizeof out2 / sizeof out2[0]), "refused attend wrote out");
   KT_STATUS(kva_store_at(c, s2, 0, 0, k, v, 2), KVA_ERR_ARG); /* [0, 2) does not touch [3, 5) */
-  KT_STATUS(kva_store_at(c, s2, 0, 6, k, v, 2), KVA_ERR_ARG); /* past the step */
+  KT_STATUS(kva_store_at(c, s2, 0, 6, k, v, 2), KVA_ERR_STEP); /* past the step */
   KT_STATUS(kva_store_at(c, s2, 0, -1, k, v, 1), KVA_ERR_ARG);
   KT_STATUS(kva_store_at(c, s2, 0, 5, k + 5 * G * D, v + 5 * G * D, 2), KVA_OK);
   KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_NOT_STORED); /* [3, 7) of 7 */
@@ -1104,7 +1104,7 @@ static void test_steps(void) {
   KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_OK); /* the step goes on */
   KT_STATUS(kva_store(c, s2, 1, k, v, N), KVA_OK);
   KT_STATUS(kva_seq_publish(c, s2, tok, 4, 9), KVA_OK); /* ends the step */
-  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_ARG);
+  KT_STATUS(kva_attend_cache(c, s2, 0, &a, q, 1, out2), KVA_ERR_STEP);
   /* a step left unstored stays unpublishable: s1 appends 5 (tokens 7..11), stores only layer 0 */
   KT_STATUS(kva_seq_append(c, s1, 5), KVA_OK);
   KT_STATUS(kva_store(c, s1, 0, k, v, 5), KVA_OK);

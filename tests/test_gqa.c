@@ -330,7 +330,7 @@ static void test_gqa_bad(void) {
   KT_STATUS(kva_seq_new(c, &fresh), KVA_OK);
   /* forward on a sequence that has not appended */
   kt_fill_sentinel(y, sizeof y / sizeof y[0]);
-  KT_STATUS(kva_gqa_forward(&g.L, c, fresh, 0, x, 1, y), KVA_ERR_ARG);
+  KT_STATUS(kva_gqa_forward(&g.L, c, fresh, 0, x, 1, y), KVA_ERR_STEP);
   KT_CHECK(kt_all_sentinel(y, sizeof y / sizeof y[0]), "forward without append wrote y");
   KT_STATUS(kva_seq_append(c, seq, n), KVA_OK);
 #define BADG(call, want, what)                                                          \
@@ -346,7 +346,7 @@ static void test_gqa_bad(void) {
   st = kva_gqa_forward(&g.L, c, seq, 0, x, n, NULL);
   KT_CHECK(st == KVA_ERR_ARG, "y NULL: status %d", (int)st);
   BADG(kva_gqa_forward(&g.L, c, seq, 0, x, -1, y), KVA_ERR_ARG, "n_tokens < 0");
-  BADG(kva_gqa_forward(&g.L, c, seq, 0, x, n + 1, y), KVA_ERR_ARG, "n_tokens > latest append");
+  BADG(kva_gqa_forward(&g.L, c, seq, 0, x, n + 1, y), KVA_ERR_STEP, "n_tokens > latest append");
   BADG(kva_gqa_forward(&g.L, c, seq, -1, x, n, y), KVA_ERR_ARG, "layer -1");
   BADG(kva_gqa_forward(&g.L, c, seq, 2, x, n, y), KVA_ERR_ARG, "layer == n_layers");
   BADG(kva_gqa_forward(&g.L, c, seq + 1000, 0, x, n, y), KVA_ERR_SEQ, "unknown seq");

@@ -39,7 +39,7 @@ const char *kt_test_name;
   X(tree) X(seqio)     \
   X(groups)            \
   X(rotate) X(int4)   \
-  X(iscores)
+  X(iscores) X(errors)
 #endif
 
 #define KT_DECLARE(name) void test_##name(void);

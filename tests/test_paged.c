@@ -251,8 +251,8 @@ static void pg_bad_input(void) {
   KT_STATUS(kva_seq_read(c, a, 0, 6, k, v, pos), KVA_ERR_ARG);
   KT_STATUS(kva_seq_truncate(c, a, 7), KVA_ERR_ARG);
   KT_STATUS(kva_seq_publish(c, a, tok, 7, 0), KVA_ERR_ARG);
-  KT_STATUS(kva_store(c, a, 0, k, v, 7), KVA_ERR_ARG); /* more than the latest append */
-  KT_STATUS(kva_attend_cache(c, a, 0, &at, q, 7, o), KVA_ERR_ARG);
+  KT_STATUS(kva_store(c, a, 0, k, v, 7), KVA_ERR_STEP); /* more than the latest append */
+  KT_STATUS(kva_attend_cache(c, a, 0, &at, q, 7, o), KVA_ERR_STEP);
   /* zero-token calls are no-ops */
   pg_stats(c, &s0);
   KT_STATUS(kva_seq_append(c, a, 0), KVA_OK);
@@ -350,8 +350,8 @@ static void pg_cow(void) {
   /* a fork has no latest append; nor has its source any more */
   {
     float kv[2] = {1.0f, 2.0f};
-    KT_STATUS(kva_store(c, b, 0, kv, kv, 1), KVA_ERR_ARG);
-    KT_STATUS(kva_store(c, a, 0, kv, kv, 1), KVA_ERR_ARG);
+    KT_STATUS(kva_store(c, b, 0, kv, kv, 1), KVA_ERR_STEP);
+    KT_STATUS(kva_store(c, a, 0, kv, kv, 1), KVA_ERR_STEP);
   }
   /* child appends into the shared partial block: one copy */
   KT_STATUS(kva_seq_append(c, b, 1), KVA_OK);

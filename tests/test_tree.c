@@ -1437,8 +1437,8 @@ static void tt_accept_case(kt_rng *r, int it) {
     { /* the step has ended */
       float kk[64 * 3], vv[64 * 3], oo[64 * 6];
       memset(kk, 0, sizeof kk), memset(vv, 0, sizeof vv);
-      KT_STATUS(kva_store(c, S, 0, kk, vv, 1), KVA_ERR_ARG);
-      KT_STATUS(kva_attend_cache(c, S, 0, &a, kk, 1, oo), KVA_ERR_ARG);
+      KT_STATUS(kva_store(c, S, 0, kk, vv, 1), KVA_ERR_STEP);
+      KT_STATUS(kva_attend_cache(c, S, 0, &a, kk, 1, oo), KVA_ERR_STEP);
     }
     tt_model_accept(&m, n_new, keep, n_keep);
     if (T >= 0) kva_seq_free(c, T);
@@ -1970,7 +1970,7 @@ static void test_accept_truncate(void) {
           st[ci] = (int)kva_store(c[ci], s[ci], 0, kk, vv, 1);
           st2[ci] = (int)kva_attend_cache(c[ci], s[ci], 0, &a, kk, 1, oo);
         }
-        KT_CHECK(st[0] == st[1] && st2[0] == st2[1] && st[0] == KVA_ERR_ARG,
+        KT_CHECK(st[0] == st[1] && st2[0] == st2[1] && st[0] == KVA_ERR_STEP,
                  "%s: after accept store %d attend %d, after truncate %d %d", label, st[0], st2[0], st[1], st2[1]);
       }
       kt_attn_init(&a, G * kt_int(&r, 1, 2), G, D, 0);
