@@ -163,7 +163,7 @@ static void te_every_refusal_reports(void) {
   kva_cache *c;
   float k[8 * 2 * 8], v[8 * 2 * 8], q[8 * 4 * 8], o[8 * 4 * 8];
   unsigned char stream[4096];
-  int32_t tok[64], pos;
+  int32_t tok[64], pos[2]; /* one per KV head */
   int seqs[6];
   kt_begin("errors: every refusal on a cache reports once, with its status; no success does");
   kt_seed(&rng, 4242);
@@ -191,7 +191,7 @@ static void te_every_refusal_reports(void) {
       case 7: st = kva_seq_fork(c, seq, &seqs[(si + 1) % 6]); break;
       case 8: st = kva_seq_truncate(c, seq, n * 2); break;
       case 9: st = kva_seq_publish(c, seq, tok, n * 4, 5); break;
-      case 10: st = kva_seq_read(c, seq, layer, n, k, v, &pos); break;
+      case 10: st = kva_seq_read(c, seq, layer, n, k, v, pos); break;
       case 11:
         st = kva_seq_export(c, seq, stream, sizeof stream, &size);
         if (st == KVA_OK && size > 0) {

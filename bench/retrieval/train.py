@@ -21,6 +21,7 @@ Run:   /usr/bin/python3 bench/retrieval/train.py            (train or resume)
        /usr/bin/python3 bench/retrieval/train.py --eval     (evaluate the checkpoint)
        /usr/bin/python3 bench/retrieval/train.py --export   (write model.bin and the test files)
        /usr/bin/python3 bench/retrieval/train.py --check-resume  (stop and resume a tiny run: same weights?)
+       /usr/bin/python3 bench/retrieval/train.py --check-data    (do the retrieval sources hold their tokens?)
 Needs: apt-get install python3-torch libopenblas0-openmp bible-kjv
 """
 import math
@@ -88,8 +89,8 @@ ANSWER_WEIGHT = 3.0
 EMB_STD = 0.2
 # Auxiliary losses (training only; README.md, "Why the auxiliary losses"):
 AUX_PREV = 1.0        # layer 0, query head 0 attends to the previous token
-AUX_RETRIEVE = 1.0    # last layer, query head 0, at each answer digit, attends to that digit in its needle
-AUX_COPY = 1.0        # and that head's output alone, through the classifier, names the digit
+AUX_RETRIEVE = 1.0    # last layer, query head 0, at each answer token, attends to that token in its needle
+AUX_COPY = 1.0        # and that head's output alone, through the classifier, names the token
 CKPT_MINUTES = 5
 EVAL_EVERY = 100
 
@@ -228,11 +229,13 @@ def answer_ids(corpus, k):
 
 
 def digit_sources(corpus, needle_ids, start, k):
-    """Where the key's first digit stands in the document, at each of its
-    occurrences in the needle (needle_ids placed at start): digit j of the
-    answer is retrieved from these positions + j - 1."""
-    dig = answer_ids(corpus, k)[1:6]
-    return [start + i for i in range(len(needle_ids) - 4) if needle_ids[i:i + 5] == dig]
+    """Where the answer's tokens (all but the final full stop: " NNNNN", which
+    is six tokens, or five when " 2" is one piece) start in the document, at
+    each occurrence in the needle (needle_ids placed at start): answer token
+    j is retrieved from these positions + j."""
+    core = answer_ids(corpus, k)[:-1]
+    n = len(core)
+    return [start + i for i in range(len(needle_ids) - n + 1) if needle_ids[i:i + n] == core]
 
 
 def dense_keys_doc(corpus, rng, T):
@@ -321,7 +324,7 @@ def batch(corpus, step, phase=None):
     """Inputs, targets, loss weights and retrieval sources of one step: a
     function of the step alone, so a resumed run sees the same data as an
     uninterrupted one.  sources[b, t] holds the positions the last layer's
-    first head should read when position t predicts an answer digit (-1:
+    first head should read when position t predicts an answer token (-1:
     none)."""
     rng = np.random.default_rng([RANDOM_STATE, step])
     _, T, B, dense, hay = phase or phase_of(step)
@@ -342,11 +345,12 @@ def batch(corpus, step, phase=None):
                 lo, hi = s - 1, min(s - 1 + n, T)
                 if lo < T:
                     w[lo:hi] = ANSWER_WEIGHT
-                for j in range(1, 6):     # digit j of the answer is ids[s + j]
+                assert occ, "the answer's tokens are not in its needle"
+                for j in range(n):        # answer token j is ids[s + j], predicted at s + j - 1
                     t = s + j - 1
                     if t < T:
                         for i, o in enumerate(occ[:MAX_SOURCES]):
-                            src[b, t, i] = o + j - 1
+                            src[b, t, i] = o + j
             xs.append(np.array(ids, dtype=np.int64))
         else:
             o = int(rng.integers(len(corpus.stream) - T - 1))
@@ -607,6 +611,25 @@ def check_resume():
     return same
 
 
+# ---------------------------------------------------------------- data check
+def check_data():
+    """Every retrieval source the auxiliary loss points at holds the token
+    its position is to predict (a few batches of every phase)."""
+    corpus = Corpus()
+    ok = True
+    for p in PHASES:
+        good = total = 0
+        for step in range(1, 11):
+            x, y, _, src = batch(corpus, step, p)
+            for i in range(MAX_SOURCES):
+                b, t = (src[..., i] >= 0).nonzero(as_tuple=True)
+                good += int((x[b, src[b, t, i]] == y[b, t]).sum())
+                total += len(b)
+        log("T=%d: %d of %d retrieval sources hold the token to predict" % (p[1], good, total))
+        ok &= good == total and total > 0
+    return ok
+
+
 # ---------------------------------------------------------------- main
 def train(probe=False):
     torch.manual_seed(RANDOM_STATE)
@@ -702,5 +725,7 @@ if __name__ == "__main__":
         evaluate(corpus, model)
     elif "--check-resume" in sys.argv:
         sys.exit(0 if check_resume() else 1)
+    elif "--check-data" in sys.argv:
+        sys.exit(0 if check_data() else 1)
     else:
         train(probe="--probe" in sys.argv)
