@@ -394,6 +394,20 @@ typedef struct {
   int group_blocks_used;/* of those, held by live sequences (blocks only the prefix cache holds are spare) */
 } kva_cache_stats;
 
+/* One sequence's memory (kva_seq_get_stats), to report and bill a request. */
+typedef struct {
+  long tokens;           /* held now (kva_seq_len) */
+  long tokens_evicted;   /* positions eviction gave up (kva_seq_pos - kva_seq_len) */
+  int blocks;            /* blocks its tables hold, every layer group's (a block holds all its group's layers) */
+  int blocks_shared;     /* of those, also held by another sequence or published in the prefix cache */
+  size_t bytes;          /* block bytes of those blocks */
+  size_t bytes_shared;   /* of which in shared blocks; bytes - bytes_shared is its own: */
+  size_t bytes_own;      /* what freeing the sequence returns to the free pool now */
+  double bytes_prorated; /* each block's bytes divided among the live sequences holding it: over all
+                            live sequences these add up to kva_cache_stats.bytes_used */
+  size_t bytes_meta;     /* its slot's bookkeeping (record, block tables), preallocated at create */
+} kva_seq_stats;
+
 typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
 /* Eviction policy of a sequence. WINDOW keeps the first n_sink positions and
    the newest tokens (budget in all); H2O keeps the first n_sink positions,
@@ -487,6 +501,7 @@ KVA_API kva_status kva_cache_size(const kva_cache_desc *d, size_t *bytes);
 KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out);
 KVA_API void kva_cache_destroy(kva_cache *c);
 KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st);
+KVA_API kva_status kva_seq_get_stats(const kva_cache *c, int seq, kva_seq_stats *st);
 
 /* sequences */
 KVA_API kva_status kva_seq_new(kva_cache *c, int *seq);
@@ -6413,6 +6428,51 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   }
   for (i = 0; i < c->max_seqs; i++)
     if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
+}
+
+/* One block's part in a sequence's memory: held by `holders` sequences,
+   shared when others hold it too or a publication keeps it. */
+static inline void kva__seq_stats_add(kva_seq_stats *st, size_t bytes, int holders, int shared) {
+  st->blocks++;
+  st->bytes += bytes;
+  st->bytes_prorated += (double)bytes / (double)(holders > 0 ? holders : 1);
+  if (shared) {
+    st->blocks_shared++;
+    st->bytes_shared += bytes;
+  }
+}
+
+/* The memory one sequence holds: main-pool blocks and each WINDOW / CHUNK
+   group's blocks it has not released. */
+KVA_API kva_status kva_seq_get_stats(const kva_cache *c, int seq, kva_seq_stats *st) {
+  const kva__seq *s;
+  int i, w;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !st, KVA_ERR_ARG);
+  s = kva__seq_get(c, seq);
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  memset(st, 0, sizeof *st);
+  st->tokens = s->len;
+  st->tokens_evicted = (long)s->pos - s->len;
+  for (i = 0; i < s->n_blocks; i++) {
+    const kva__block *b = &c->blk[s->table[i]];
+    kva__seq_stats_add(st, c->block_bytes, b->ref, b->ref > 1 || b->published);
+  }
+  for (w = 0; w < c->n_spans; w++) {
+    const kva__span *sp = &c->spans[w];
+    const int32_t *t = kva__span_table(c, s, w);
+    for (i = 0; i < s->n_blocks; i++) {
+      int32_t b = t[i];
+      int holders;
+      if (b == kva__span_hole(sp)) continue; /* released */
+      holders = sp->ref[b] - (sp->owner[b] >= 0);
+      kva__seq_stats_add(st, sp->block_bytes, holders, sp->ref[b] > 1);
+    }
+  }
+  st->bytes_own = st->bytes - st->bytes_shared;
+  st->bytes_meta = sizeof(kva__seq) + (size_t)c->max_table * (1 + (size_t)c->n_spans) * sizeof(int32_t) +
+                   (size_t)c->n_layers * 2 * sizeof(int32_t) + (size_t)c->n_spans * sizeof(int32_t);
+  return KVA_OK;
 }
 
 

@@ -1074,8 +1074,15 @@ static void serve(const options *o, config *c, int steps) {
         generated++;
       }
       if (next == LLM_BOS || r->n_tok > steps) { /* finished: leave the batch */
+        kva_seq_stats mem;
         r->done = 1;
         r->running = 0;
+        if (kva_seq_get_stats(cache, r->seq, &mem) == KVA_OK) /* what it held at the end: report and bill */
+          fprintf(stderr,
+                  "serve: request %d done: %ld tokens held (%ld evicted) in %d blocks, %d shared; "
+                  "%.1f KiB, %.1f KiB its own; its share %.1f KiB\n",
+                  who[k], mem.tokens, mem.tokens_evicted, mem.blocks, mem.blocks_shared, mem.bytes / 1024.0,
+                  mem.bytes_own / 1024.0, mem.bytes_prorated / 1024.0);
         kva_seq_free(cache, r->seq);
         r->seq = -1;
         for (j = 0; j < n_run; j++)
