@@ -17,11 +17,14 @@
    one window of logits is ever held. */
 #include "harness.h"
 #include "examples/llm.h"
+#include "examples/needle.h"
 
 #define QM_MAXCFG 48
 #define QM_QUICK_WINDOWS 2
 #define QM_QUICK_PASSKEY 1 /* cases per distance */
 #define QM_F16_KL_MAX 1e-3 /* a sanity bound: an F16 cache's KL is orders of magnitude below */
+#define QM_NCTX 4          /* needle: context-length buckets */
+#define QM_NDEPTH 8        /* needle: depths */
 
 enum { QK_STORE, QK_FP8, QK_MIXED, QK_KV, QK_EVICT };
 static const char *const qk_name[] = {"storage", "fp8", "mixed", "k/v", "eviction"};
@@ -39,6 +42,7 @@ typedef struct {
   double nll, kl[3]; /* sums: loss; KL over all positions, the first and the last quarter */
   long n_nll, n_kl[3];
   int pk_ok[3], pk_n[3];
+  int nd_ok[2][QM_NCTX][QM_NDEPTH], nd_n[2][QM_NCTX][QM_NDEPTH]; /* needle: [single, multi][context][depth] */
   double t_dec, t_kva; /* decode steps of the passkey runs: time, time inside kvattn calls */
   long n_dec;
   int bad, held_bad, checked;
@@ -260,36 +264,96 @@ typedef struct {
   float cal[2][2];                   /* [e4m3, e5m2][K, V] */
   float *lcal, *hcal;                /* [e4m3, e5m2][K, V][n_layers] and [..][n_layers][n_kv_heads] */
   int ok_all;
+  int do_loss, do_needle;            /* the model part (loss, KL, passkeys) and the needle part */
+  char model_path[1200], tok_path[1200];
+  needle_set nd[2];                  /* needle_single.tsv, needle_multi.tsv */
+  int n_nctx, nctx[QM_NCTX], n_ndep; /* the needle cases' context buckets and depths, ascending */
+  double ndep[QM_NDEPTH];
 } qm_run;
 
-/* The files: the model, its tokenizer, the held-out ids and the passkey cases, and the decoder's state. */
+static int qm_cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static int qm_exists(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (f) fclose(f);
+  return f != NULL;
+}
+
+/* Needle cases: DIR/needle_single.tsv and DIR/needle_multi.tsv (examples/needle.h's format), at
+   least one of them; their context buckets and depths; --quick keeps one case per cell. */
+static int qm_needle_cases(qm_run *R) {
+  static const char *const file[2] = {"needle_single.tsv", "needle_multi.tsv"};
+  char path[1200], err[1200];
+  int k, i, j, found = 0;
+  for (k = 0; k < 2; k++) {
+    snprintf(path, sizeof path, "%s/%s", R->dir, file[k]);
+    if (!qm_exists(path)) continue;
+    if (!needle_read(&R->nd[k], path, &R->tz, R->W, err, sizeof err)) {
+      fprintf(stderr, "kvattn_bench quality, part needle: %s\n", err);
+      qm_fail_row(&R->t, "ERROR %s%s", err, "");
+      return 0;
+    }
+    found++;
+    for (i = 0; i < R->nd[k].n; i++) {
+      const needle_case *c = &R->nd[k].cases[i];
+      int ci = -1, di = -1;
+      for (j = 0; j < R->n_nctx; j++) if (R->nctx[j] == c->context) ci = j;
+      for (j = 0; j < R->n_ndep; j++) if (fabs(R->ndep[j] - c->depth) < 1e-9) di = j;
+      if (ci < 0 && R->n_nctx < QM_NCTX) R->nctx[ci = R->n_nctx++] = c->context;
+      if (di < 0 && R->n_ndep < QM_NDEPTH) R->ndep[di = R->n_ndep++] = c->depth;
+      if (ci < 0 || di < 0) {
+        snprintf(err, sizeof err, "%s: more than %d context lengths or %d depths", path, QM_NCTX, QM_NDEPTH);
+        qm_fail_row(&R->t, "ERROR %s%s", err, "");
+        return 0;
+      }
+    }
+  }
+  if (!found) {
+    fprintf(stderr, "kvattn_bench quality, part needle: %s has neither needle_single.tsv nor needle_multi.tsv "
+                    "(bench/retrieval has both)\n", R->dir);
+    qm_fail_row(&R->t, "ERROR %s: no needle_single.tsv or needle_multi.tsv (try --model-dir bench/retrieval)%s",
+                R->dir, "");
+    return 0;
+  }
+  qsort(R->nctx, (size_t)R->n_nctx, sizeof(int), qm_cmp_int);
+  qsort(R->ndep, (size_t)R->n_ndep, sizeof(double), cmp_double);
+  return 1;
+}
+
+/* The files: the model, its tokenizer, the held-out ids and the passkey and needle cases, and the
+   decoder's state. */
 static int qm_load(qm_run *R) {
-  static const char *const files[] = {"model.bin", "tokenizer.bin", "heldout.ids", "calib.txt", "passkey.tsv"};
   int i;
   char path[1200], err[1200], *txt = NULL;
-  /* ---- the files */
-  for (i = 0; i < NV(files); i++) {
+  /* ---- the files: the model and its tokenizer always; held-out ids for the loss */
+  const char *need[3];
+  need[0] = R->model_path, need[1] = R->tok_path, need[2] = NULL;
+  if (R->do_loss) {
+    snprintf(path, sizeof path, "%s/heldout.ids", R->dir);
+    need[2] = path;
+  }
+  for (i = 0; i < 3; i++) {
     FILE *f;
-    snprintf(path, sizeof path, "%s/%s", R->dir, files[i]);
-    if (!(f = fopen(path, "rb"))) {
+    if (!need[i]) continue;
+    if (!(f = fopen(need[i], "rb"))) {
       fprintf(stderr,
-              "kvattn_bench quality, part model: cannot open %s: run from the repository root or pass --model-dir DIR "
-              "(a directory with model.bin, tokenizer.bin, heldout.ids, calib.txt and passkey.tsv)\n",
-              path);
-      qm_fail_row(&R->t, "ERROR cannot open %s%s: run from the repository root or pass --model-dir", path, "");
+              "kvattn_bench quality: cannot open %s: run from the repository root or pass --model-dir DIR (a "
+              "directory with model.bin, tokenizer.bin, heldout.ids and optionally calib.txt, passkey.tsv, "
+              "needle_single.tsv, needle_multi.tsv), or --model FILE and --tokenizer FILE\n",
+              need[i]);
+      qm_fail_row(&R->t, "ERROR cannot open %s%s: run from the repository root or pass --model-dir", need[i], "");
       goto fail;
     }
     fclose(f);
   }
-  snprintf(path, sizeof path, "%s/model.bin", R->dir);
+  snprintf(path, sizeof path, "%s", R->model_path);
   if (!llm_model_load(&R->md, path, err, sizeof err)) {
     fprintf(stderr, "kvattn_bench quality, part model: %s\n", err);
     qm_fail_row(&R->t, "ERROR %s%s", err, "");
     goto fail;
   }
   R->L = R->md.c.n_layers, R->W = R->md.c.seq_len, R->V = R->md.c.vocab_size;
-  snprintf(path, sizeof path, "%s/tokenizer.bin", R->dir);
-  if (!llm_tokenizer_load(&R->tz, path, R->V, err, sizeof err)) {
+  if (!llm_tokenizer_load(&R->tz, R->tok_path, R->V, err, sizeof err)) {
     fprintf(stderr, "kvattn_bench quality, part model: %s\n", err);
     qm_fail_row(&R->t, "ERROR %s%s", err, "");
     goto fail;
@@ -297,7 +361,7 @@ static int qm_load(qm_run *R) {
   R->have_tz = 1;
   /* held-out ids */
   snprintf(path, sizeof path, "%s/heldout.ids", R->dir);
-  {
+  if (R->do_loss) {
     long len;
     char *p, *e;
     if (!(txt = qm_read(path, &len))) {
@@ -326,9 +390,9 @@ static int qm_load(qm_run *R) {
   }
   R->n_win = (R->n_ids + R->W - 1) / R->W;
   if (R->o->quick && R->n_win > QM_QUICK_WINDOWS) R->n_win = QM_QUICK_WINDOWS;
-  /* passkey cases: distance_fraction TAB answer TAB prompt */
+  /* passkey cases (optional): distance_fraction TAB answer TAB prompt */
   snprintf(path, sizeof path, "%s/passkey.tsv", R->dir);
-  {
+  if (R->do_loss && qm_exists(path)) {
     char *line, *save = NULL;
     int per[3] = {0, 0, 0};
     if (!(txt = qm_read(path, NULL))) {
@@ -377,6 +441,7 @@ static int qm_load(qm_run *R) {
     free(txt);
     txt = NULL;
   }
+  if (R->do_needle && !qm_needle_cases(R)) goto fail;
   if (!llm_state_init(&R->st, &R->md, R->W, R->threads)) {
     qm_fail_row(&R->t, "ERROR out of memory (model state)%s%s", "", "");
     goto fail;
@@ -402,16 +467,27 @@ static int qm_fp8_scales(qm_run *R) {
     int n;
     int32_t *ct;
     kva_status cs;
-    progress("quality model: FP8 calibration on %s", path);
-    if (!(txt = qm_read(path, NULL))) {
-      qm_fail_row(&R->t, "ERROR cannot read %s%s", path, "");
-      goto fail;
-    }
-    ct = (int32_t *)xalloc((strlen(txt) + 3) * sizeof(int32_t));
-    if (llm_encode(&R->tz, txt, 1, 0, ct, &n) != 0 || n < 2) {
-      free(ct);
-      qm_fail_row(&R->t, "ERROR %s: %s", path, "empty text or out of memory");
-      goto fail;
+    const needle_case *first = R->nd[0].n ? &R->nd[0].cases[0] : R->nd[1].n ? &R->nd[1].cases[0] : NULL;
+    if (qm_exists(path)) {
+      progress("quality model: FP8 calibration on %s", path);
+      if (!(txt = qm_read(path, NULL))) {
+        qm_fail_row(&R->t, "ERROR cannot read %s%s", path, "");
+        goto fail;
+      }
+      ct = (int32_t *)xalloc((strlen(txt) + 3) * sizeof(int32_t));
+      if (llm_encode(&R->tz, txt, 1, 0, ct, &n) != 0 || n < 2) {
+        free(ct);
+        qm_fail_row(&R->t, "ERROR %s: %s", path, "empty text or out of memory");
+        goto fail;
+      }
+    } else { /* no calib.txt: the held-out ids, or the first needle prompt */
+      n = R->n_ids >= 2 ? R->n_ids : first ? first->n : 0;
+      if (n < 2) {
+        qm_fail_row(&R->t, "ERROR %s: no calib.txt and no text to calibrate FP8 scales on%s", R->dir, "");
+        goto fail;
+      }
+      ct = (int32_t *)xalloc((size_t)n * sizeof(int32_t));
+      memcpy(ct, R->n_ids >= 2 ? R->ids : first->tok, (size_t)n * sizeof(int32_t));
     }
     if (n > R->W) n = R->W;
     if (!llm_state_init(&st_cal, &R->md, n < 256 ? n : 256, R->threads)) {
@@ -632,6 +708,135 @@ static int qm_passkeys(qm_run *R) {
   }
   progress_end();
   return 1;
+}
+
+/* Needle retrieval of every configuration: each case of needle_single.tsv and needle_multi.tsv
+   (one per depth and context length with --quick), greedy, scored by examples/needle.h's rule.
+   Eviction budgets are a percentage of the case's context bucket. */
+static int qm_needles(qm_run *R) {
+  int k, j, i, done = 0, total = 0, seen[2][QM_NCTX][QM_NDEPTH];
+  double t0 = now_s();
+  memset(seen, 0, sizeof seen);
+  for (k = 0; k < 2; k++) total += R->nd[k].n;
+  for (k = 0; k < 2; k++)
+    for (j = 0; j < R->nd[k].n; j++) {
+      const needle_case *c = &R->nd[k].cases[j];
+      int ci = 0, di = 0;
+      while (R->nctx[ci] != c->context) ci++;
+      while (fabs(R->ndep[di] - c->depth) > 1e-9) di++;
+      done++;
+      if (R->o->quick && seen[k][ci][di]++) continue;
+      if (done > 1)
+        progress("quality needle: case %d/%d (%s, %d tokens, depth %.2f), %.0f s", done, total,
+                 k ? "multi" : "single", c->n, c->depth, now_s() - t0);
+      for (i = 0; i < R->n_cfg; i++) {
+        qm_cfg *q = &R->cf[i];
+        kva_evict ev = q->ev;
+        int ok;
+        kva_status cs;
+        if (q->bad) continue;
+        if (q->kind == QK_EVICT) {
+          ev.budget = (int)floor((double)q->pct * c->context / 100.0 + 0.5);
+          if (ev.budget < 1) ev.budget = 1;
+          if (ev.n_sink > ev.budget) ev.n_sink = 0;
+          if (ev.kind == KVA_EVICT_H2O) ev.n_recent = ev.budget / 2;
+          if (ev.n_sink + ev.n_recent > ev.budget) ev.n_recent = ev.budget - ev.n_sink;
+        }
+        R->st.int_scores = q->int_scores;
+        if ((cs = needle_run(&R->md, &R->st, &R->tz, q->c, q->kind == QK_EVICT ? &ev : NULL, c, &ok, NULL, 0)) !=
+            KVA_OK) {
+          q->bad = 1;
+          snprintf(q->msg, sizeof q->msg, "ERROR needle case %d: %s", j + 1, kva_status_str(cs));
+          continue;
+        }
+        q->nd_ok[k][ci][di] += ok;
+        q->nd_n[k][ci][di]++;
+      }
+    }
+  R->st.int_scores = 0;
+  progress_end();
+  return 1;
+}
+
+/* one configuration's needle accuracy over a kind (every context and depth), or -1 without cases */
+static double qm_needle_acc(const qm_cfg *q, int kind, int ci) {
+  int c, d, ok = 0, n = 0;
+  for (c = 0; c < QM_NCTX; c++)
+    for (d = 0; d < QM_NDEPTH; d++)
+      if (ci < 0 || ci == c) ok += q->nd_ok[kind][c][d], n += q->nd_n[kind][c][d];
+  return n ? (double)ok / n : -1.0;
+}
+
+/* The needle rows (one per configuration, kind, context and depth: what `make plot` draws) and, in
+   table mode, one line per configuration: accuracy per depth at each context length. */
+static void qm_needle_rows(qm_run *R) {
+  int i, k, c, d;
+  char line[512];
+  for (i = 0; i < R->n_cfg; i++) {
+    const qm_cfg *q = &R->cf[i];
+    if (q->bad) continue;
+    for (k = 0; k < 2; k++)
+      for (c = 0; c < R->n_nctx; c++)
+        for (d = 0; d < R->n_ndep; d++) {
+          row *r;
+          if (!q->nd_n[k][c][d]) continue;
+          r = rows_add(&R->t, "needle");
+          rs(r, C_SCHEME, "%s", qk_name[q->kind]);
+          rs(r, C_NAME, "%s", q->name);
+          rs(r, C_MODEL, "%s", R->model_path);
+          rs(r, C_MODE, "%s", k ? "multi" : "single");
+          rn(r, C_CTX, R->nctx[c]);
+          rn(r, C_VALUE, (double)q->nd_ok[k][c][d] / q->nd_n[k][c][d]);
+          rn(r, C_PKN, q->nd_n[k][c][d]);
+          rn(r, C_NDEPTH, R->ndep[d]);
+          rn(r, C_BPT, (double)q->bpt);
+          if (q->kind == QK_EVICT) {
+            rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
+            rn(r, C_NSINK, q->ev.n_sink);
+            rn(r, C_BUDGETFRAC, q->pct / 100.0);
+          }
+        }
+  }
+  if (g_fmt != OUT_TABLE) return;
+  text("\nNeedle retrieval on %s: greedy exact match of the pass key's digits (examples/needle.h), per depth of\n"
+       "the needle in the filler (", R->model_path);
+  for (d = 0; d < R->n_ndep; d++) text("%s%.2f", d ? " " : "", R->ndep[d]);
+  text(") at each context length; in percent. single: one pass key; multi: 4 named keys, one asked.\n"
+       "Eviction budgets here are a share of each case's context length.\n");
+  for (k = 0; k < 2; k++) {
+    int n_cases = 0;
+    for (c = 0; c < QM_NCTX; c++)
+      for (d = 0; d < QM_NDEPTH; d++) n_cases += R->cf[0].nd_n[k][c][d];
+    if (!n_cases) continue;
+    snprintf(line, sizeof line, "  %-28s %5s", k ? "multi-key" : "single key", "all");
+    for (c = 0; c < R->n_nctx; c++) {
+      size_t l = strlen(line);
+      snprintf(line + l, sizeof line - l, " | %4d:", R->nctx[c]);
+      for (d = 0; d < R->n_ndep; d++) {
+        l = strlen(line);
+        snprintf(line + l, sizeof line - l, " %3.0f", 100.0 * R->ndep[d]);
+      }
+    }
+    text("%s  (%d cases per configuration)\n", line, n_cases);
+    for (i = 0; i < R->n_cfg; i++) {
+      const qm_cfg *q = &R->cf[i];
+      double a = qm_needle_acc(q, k, -1);
+      if (q->bad || a < 0) continue;
+      snprintf(line, sizeof line, "  %-28.28s %5.1f", q->name, 100.0 * a);
+      for (c = 0; c < R->n_nctx; c++) {
+        size_t l = strlen(line);
+        snprintf(line + l, sizeof line - l, " | %5s", "");
+        for (d = 0; d < R->n_ndep; d++) {
+          l = strlen(line);
+          if (q->nd_n[k][c][d])
+            snprintf(line + l, sizeof line - l, " %3.0f", 100.0 * q->nd_ok[k][c][d] / q->nd_n[k][c][d]);
+          else
+            snprintf(line + l, sizeof line - l, "   -");
+        }
+      }
+      text("%s\n", line);
+    }
+  }
 }
 
 /* The table of every configuration (table mode), the published anchors and what this model shows
@@ -908,18 +1113,28 @@ static int qm_rows(qm_run *R) {
   return 1;
 }
 
-void quality_model(const opts *o, const machine *m) {
+/* The model part (loss, KL, passkeys), the needle part, or both over one set of configurations. */
+static void qm_go(const opts *o, int do_loss, int do_needle) {
   qm_run run, *R = &run;
   int i;
-  (void)m;
   memset(R, 0, sizeof *R);
   R->o = o;
   R->dir = o->model_dir ? o->model_dir : "bench/model";
+  if (o->model_file) snprintf(R->model_path, sizeof R->model_path, "%s", o->model_file);
+  else snprintf(R->model_path, sizeof R->model_path, "%s/model.bin", R->dir);
+  if (o->tokenizer_file) snprintf(R->tok_path, sizeof R->tok_path, "%s", o->tokenizer_file);
+  else snprintf(R->tok_path, sizeof R->tok_path, "%s/tokenizer.bin", R->dir);
+  R->do_loss = do_loss;
+  R->do_needle = do_needle;
   R->threads = o->n_threads > 0 ? (int)o->threads[0] : 1;
   R->t_start = now_s();
   R->cal[0][0] = R->cal[0][1] = R->cal[1][0] = R->cal[1][1] = 1.0f;
   R->ok_all = 1;
-  if (qm_load(R) && qm_fp8_scales(R) && qm_configurations(R) && qm_loss_kl(R) && qm_passkeys(R)) qm_rows(R);
+  if (qm_load(R) && qm_fp8_scales(R) && qm_configurations(R) && (!do_loss || (qm_loss_kl(R) && qm_passkeys(R))) &&
+      (!do_needle || qm_needles(R))) {
+    if (do_loss) qm_rows(R);
+    if (do_needle) qm_needle_rows(R);
+  }
   progress_end();
   emit_rows(&R->t);
   rows_free(&R->t);
@@ -929,6 +1144,8 @@ void quality_model(const opts *o, const machine *m) {
   if (R->ref.c) kva_cache_destroy(R->ref.c);
   for (i = 0; i < R->n_cases; i++) free(R->cases[i].tok);
   free(R->cases);
+  needle_set_free(&R->nd[0]);
+  needle_set_free(&R->nd[1]);
   free(R->cf);
   free(R->lcal);
   free(R->hcal);
@@ -938,4 +1155,21 @@ void quality_model(const opts *o, const machine *m) {
   llm_state_free(&R->st);
   if (R->have_tz) llm_tokenizer_free(&R->tz);
   llm_model_free(&R->md);
+}
+
+/* part model; with part needle too when the model directory has needle cases */
+void quality_model(const opts *o, const machine *m) {
+  char p1[1200], p2[1200];
+  const char *dir = o->model_dir ? o->model_dir : "bench/model";
+  (void)m;
+  snprintf(p1, sizeof p1, "%s/needle_single.tsv", dir);
+  snprintf(p2, sizeof p2, "%s/needle_multi.tsv", dir);
+  qm_go(o, 1, (o->parts & PART_NEEDLE) && (qm_exists(p1) || qm_exists(p2)));
+}
+
+/* part needle alone (with part model, quality_model runs it) */
+void quality_needle(const opts *o, const machine *m) {
+  (void)m;
+  if (o->parts & PART_MODEL) return;
+  qm_go(o, 0, 1);
 }

@@ -120,6 +120,7 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(KSCALE, "k_scale") X(VSCALE, "v_scale") X(METAPT, "bookkeeping_per_token")                              \
   X(METALEAN, "bookkeeping_per_token_lean")                                                                 \
   X(STREAMBPT, "stream_bytes_per_token") X(STREAMOVER, "stream_over_cache_bytes")                           \
+  X(NDEPTH, "needle_depth") X(NDL1, "needle_single") X(NDL2, "needle_multi")                             \
   X(SOURCE, "source") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,
@@ -218,6 +219,8 @@ typedef struct {
   long budgets[MAXL];
   int n_budgets;
   const char *model_dir;       /* quality model: the trained model's directory (NULL: bench/model) */
+  const char *model_file;      /* quality model / needle: its model.bin (NULL: in model_dir) */
+  const char *tokenizer_file;  /* quality model / needle: its tokenizer.bin (NULL: in model_dir) */
 } opts;
 
 /* which options the command line set (the rest take per-subcommand defaults) */
@@ -276,6 +279,7 @@ typedef void (*part_fn)(const opts *o, const machine *m);
   X(CALIB, "calib", "quality", quality_calib)           \
   X(SCALES, "scales", "quality", quality_scales)        \
   X(MODEL, "model", "quality", quality_model)           \
+  X(NEEDLE, "needle", "quality", quality_needle)        \
   X(ATTN, "attn", "paged", paged_attn)                  \
   X(TRACE, "trace", "paged", paged_trace)               \
   X(PREFIX, "prefix", "paged", paged_prefix)            \

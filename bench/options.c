@@ -59,7 +59,10 @@ static void usage(void) {
       "              without sinks and H2O at --budgets of seq_len): bytes per token, held-out loss and\n"
       "              perplexity, KL divergence from the f32 cache's next-token distributions, passkey\n"
       "              accuracy, decode tokens/s (--threads: its first value; --quick: 2 windows, 1\n"
-      "              passkey case per distance)\n"
+      "              passkey case per distance); needle retrieval of the same configurations (part\n"
+      "              needle, with the model part or alone: accuracy per depth and context length on\n"
+      "              the model directory's needle_single.tsv / needle_multi.tsv; --quick: one case per\n"
+      "              depth and length)\n"
       "  paged       decode time against block size (--block-sizes) with blocks in order or scattered;\n"
       "              ratios to one contiguous block and (f32) to plain arrays, the block-16 ratio against\n"
       "              a 1.05 target (part attn); memory waste of a request trace under continuous\n"
@@ -145,8 +148,12 @@ static void usage(void) {
       "  --evict-ctx N       quality evict: tokens generated (default 2048, --quick 1024)\n"
       "  --budgets LIST      quality evict: budgets in percent of --evict-ctx (default 10,20,50); the\n"
       "                      random-data rows use 20 (or the first); quality model: percent of seq_len\n"
-      "  --model-dir DIR     quality model: the directory with model.bin, tokenizer.bin, heldout.ids,\n"
-      "                      calib.txt and passkey.tsv (default bench/model, from the repository root)\n"
+      "  --model-dir DIR     quality model, needle: the directory with model.bin, tokenizer.bin,\n"
+      "                      heldout.ids and optionally calib.txt, passkey.tsv, needle_single.tsv and\n"
+      "                      needle_multi.tsv (default bench/model, from the repository root; the\n"
+      "                      retrieval model: --model-dir bench/retrieval --tokenizer bench/model/tokenizer.bin)\n"
+      "  --model FILE        quality model, needle: a llama2.c checkpoint other than DIR/model.bin\n"
+      "  --tokenizer FILE    quality model, needle: its tokenizer.bin, if not DIR/tokenizer.bin\n"
       "\n"
       , stdout);
   fputs(
@@ -329,6 +336,12 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
     } else if (!strcmp(a, "--model-dir")) {
       NEEDV();
       o->model_dir = v;
+    } else if (!strcmp(a, "--model")) {
+      NEEDV();
+      o->model_file = v;
+    } else if (!strcmp(a, "--tokenizer")) {
+      NEEDV();
+      o->tokenizer_file = v;
     } else if (!strcmp(a, "--out")) {
       NEEDV();
       o->out_dir = v;

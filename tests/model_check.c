@@ -2539,7 +2539,7 @@ static const char *parse_ref_logits(const char *path, int **ids_out, int *n_out,
    computed from model.bin (prefill, token by token, quantized caches), the
    trainer's ref_logits.txt against both, and the held-out perplexity of the
    text against that of the trainer's token ids. */
-static void check_trained(const char *dir) {
+static void check_trained(const char *dir, const char *tokenizer) {
   char mp[1024], tp[1024], rp[1024], hp[1024], hip[1024], why[8192], name[300];
   const char *msg;
   int *ids = NULL, n = 0, V = 0, i, has_ref;
@@ -2547,7 +2547,8 @@ static void check_trained(const char *dir) {
   Model m;
   Run r;
   snprintf(mp, sizeof mp, "%s/model.bin", dir);
-  snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
+  if (tokenizer) snprintf(tp, sizeof tp, "%s", tokenizer);
+  else snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
   snprintf(rp, sizeof rp, "%s/ref_logits.txt", dir);
   snprintf(hp, sizeof hp, "%s/heldout.txt", dir);
   snprintf(hip, sizeof hip, "%s/heldout.ids", dir);
@@ -2739,14 +2740,19 @@ static void check_trained(const char *dir) {
    with the last digit changed or the last digit dropped (the model then
    says a longer number) 0 right; bad needle files exit 1 with a one-line
    message naming the file and line. */
-static void check_needle(const char *dir) {
+/* needle: the cases of `cases` (default dir/passkey.tsv) through kvattn_run --needle; with
+   min_right > 0, the first ten cases must be answered right at least that many times (a model
+   trained to retrieve) */
+static void check_needle(const char *dir, const char *tokenizer, const char *cases, int min_right) {
   char mp[1024], tp[1024], pp[1024], got[64], buf[16384];
   char *pk, *tab1, *tab2, *nl, *gen, *prompt;
   size_t nd = 0;
   Run r;
   snprintf(mp, sizeof mp, "%s/model.bin", dir);
-  snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
-  snprintf(pp, sizeof pp, "%s/passkey.tsv", dir);
+  if (tokenizer) snprintf(tp, sizeof tp, "%s", tokenizer);
+  else snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
+  if (cases) snprintf(pp, sizeof pp, "%s", cases);
+  else snprintf(pp, sizeof pp, "%s/passkey.tsv", dir);
   if (!file_exists(mp) || !file_exists(tp) || !(pk = read_file(pp, NULL))) {
     note("needle: skipped (%s, %s or %s does not exist)", mp, tp, pp);
     return;
@@ -2758,6 +2764,24 @@ static void check_needle(const char *dir) {
     report(0, "needle: passkey.tsv's first line", "%s: not depth TAB answer TAB prompt", pp);
     free(pk);
     return;
+  }
+  if (min_right > 0) { /* the first ten cases, as they are */
+    char *end = pk;
+    int lines = 0, right = -1;
+    while (lines < 10 && (end = strchr(end, '\n')) != NULL) end++, lines++;
+    if (end) {
+      char keep = *end;
+      *end = '\0';
+      write_text(sp("needle_first.tsv"), pk);
+      *end = keep;
+    } else {
+      write_text(sp("needle_first.tsv"), pk);
+    }
+    r = run_prog("'%s' -z '%s' --needle '%s'", mp, tp, sp("needle_first.tsv"));
+    if (r.code == 0 && (gen = strstr(r.out, "right ")) != NULL) right = atoi(gen + 6);
+    report(right >= min_right, "needle: the trained model answers the first ten cases of its needle file",
+           "%d right, want at least %d (%s): %s", right, min_right, r.cmd, first_line(r.out));
+    run_free(&r);
   }
   *nl = '\0';
   prompt = tab2 + 1;
@@ -2825,13 +2849,15 @@ static void check_needle(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-  const char *model_dir = "bench/model";
-  int ai = 1, self_only = 0;
+  const char *model_dir = "bench/model", *tokenizer = NULL, *needle_cases = NULL;
+  int ai = 1, self_only = 0, trained_only = 0;
   while (ai < argc && argv[ai][0] == '-' && argv[ai][1] == '-') {
     if (strcmp(argv[ai], "--quick") == 0)
       quick = 1;
     else if (strcmp(argv[ai], "--self-test") == 0)
       self_only = 1;
+    else if (strcmp(argv[ai], "--trained-only") == 0)
+      trained_only = 1;
     else {
       fprintf(stderr, "model_check: unknown option %s\n", argv[ai]);
       return 2;
@@ -2840,10 +2866,15 @@ int main(int argc, char **argv) {
   }
   if (!self_only && argc - ai < 2) {
     fprintf(stderr,
-            "usage: model_check [--quick] [--self-test] KVATTN_RUN SCRATCH_DIR [MODEL_DIR]\n"
+            "usage: model_check [--quick] [--self-test] [--trained-only] KVATTN_RUN SCRATCH_DIR\n"
+            "                   [MODEL_DIR [TOKENIZER [NEEDLE_CASES]]]\n"
             "  writes random checkpoints into SCRATCH_DIR and checks KVATTN_RUN against a\n"
             "  double-precision reference; MODEL_DIR (default bench/model) may hold a trained\n"
             "  model.bin, tokenizer.bin, ref_logits.txt (and heldout.txt, heldout.ids)\n"
+            "  TOKENIZER: its tokenizer when not MODEL_DIR/tokenizer.bin\n"
+            "  NEEDLE_CASES: a needle file the model was trained to answer (not MODEL_DIR/passkey.tsv):\n"
+            "  8 of its first 10 cases must come out right\n"
+            "  --trained-only: only the trained model's checks\n"
             "  --self-test: only the reference's own checks (no program needed)\n");
     return 2;
   }
@@ -2857,6 +2888,8 @@ int main(int argc, char **argv) {
   RUN_BIN = argv[ai];
   SCRATCH = argv[ai + 1];
   if (argc - ai > 2) model_dir = argv[ai + 2];
+  if (argc - ai > 3) tokenizer = argv[ai + 3];
+  if (argc - ai > 4) needle_cases = argv[ai + 4];
   if (strchr(RUN_BIN, '\'') || strchr(SCRATCH, '\'')) {
     fprintf(stderr, "model_check: paths with a ' are not supported\n");
     return 2;
@@ -2866,7 +2899,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "model_check: %s does not exist (build it first)\n", RUN_BIN);
     return 2;
   }
-  {
+  if (!trained_only) {
     static const Case cases[] = {
         {"gqa-4-2-tied-hs8", {32, 64, 2, 4, 2, 320, 48, 1}, 40},
         {"mha-4-4-sep-hs12", {48, 96, 3, 4, 4, 350, 64, 0}, 64},
@@ -2878,13 +2911,15 @@ int main(int argc, char **argv) {
     for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++)
       check_case(&cases[k], 1000u + 17u * (unsigned)k, !quick || k < 2);
   }
-  check_layer_dtypes(2000);
-  check_versions(2500);
-  check_ppl(3000);
-  check_generation(4000);
-  check_bad_input(5000);
-  check_trained(model_dir);
-  check_needle(model_dir);
+  if (!trained_only) {
+    check_layer_dtypes(2000);
+    check_versions(2500);
+    check_ppl(3000);
+    check_generation(4000);
+    check_bad_input(5000);
+  }
+  check_trained(model_dir, tokenizer);
+  check_needle(model_dir, tokenizer, needle_cases, needle_cases ? 8 : 0);
   sp_free_all();
   printf("model_check: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

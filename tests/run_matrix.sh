@@ -706,16 +706,20 @@ s_consumer_pkgconfig() {
 # examples/kvattn_run.c (the llama2.c-format inference program) against
 # tests/model_check.c's double-precision reference: random GQA/MHA/MQA
 # checkpoints, quantized caches, --serve, --ppl, bad input, and the trained
-# model in bench/model/ when it is there.  model: built with OpenMP (so
-# --threads 2 runs 2 threads); model-asan: without, under ASan+UBSan, every
-# bad input and random model, the trained model's logits only (--quick).
+# models when they are there: bench/model/ (prose) and bench/retrieval/ (its
+# logits, and 8 of the first 10 needle cases answered: the quick needle
+# pass).  model: built with OpenMP (so --threads 2 runs 2 threads);
+# model-asan: without, under ASan+UBSan, every bad input and random model,
+# the prose model's logits only (--quick).
 s_model() {
     local d=$B/model
     need_header || return 1
     mkdir -p "$d"
     x "$CC" -std=c99 -O2 -march=native -fopenmp -Wall -Wextra -I. examples/kvattn_run.c -o "$d/kvattn_run" -lm &&
         x "$CC" -std=c99 -O2 -Wall -Wextra tests/model_check.c -o "$d/model_check" -lm &&
-        run "$d/model_check" "$d/kvattn_run" "$d/scratch"
+        run "$d/model_check" "$d/kvattn_run" "$d/scratch" &&
+        run "$d/model_check" --trained-only "$d/kvattn_run" "$d/scratch-retrieval" bench/retrieval \
+            bench/model/tokenizer.bin bench/retrieval/needle_single.tsv
 }
 s_model_asan() {
     local d=$B/model-asan
