@@ -13,7 +13,10 @@
 #   make bench       build/kvattn_bench from bench/*.c, run with BENCH_ARGS
 #   make plot        kvattn_bench plot-data (memory and decode against context) into
 #                    $(BENCH_CSV), then gnuplot bench/plot.gp; BENCH_ARGS=--sweep
-#                    decodes to 128K tokens, cold and warm
+#                    decodes to 128K tokens, cold and warm; then, when the
+#                    retrieval model is there, the needle part (one case per
+#                    depth and length; NEEDLE_ARGS= without --quick: all) into
+#                    $(NEEDLE_CSV) and bench/plot_needle.gp's charts
 #   make examples    every examples/*.c into build/examples/
 #   make fuzz        every tests/fuzz_*.c with libFuzzer for FUZZ_SECONDS each
 #   make install     kvattn.h into $(DESTDIR)$(INCLUDEDIR), kvattn.pc into
@@ -48,6 +51,10 @@ MATRIX_STEPS ?=
 BENCH_CFLAGS   ?= -std=c99 -O3 -march=native -fopenmp
 BENCH_ARGS     ?=
 BENCH_CSV      ?= $(BUILD)/bench.csv
+NEEDLE_MODEL_DIR ?= bench/retrieval
+NEEDLE_CSV     ?= $(BUILD)/needle.csv
+NEEDLE_TOKENIZER ?= bench/model/tokenizer.bin
+NEEDLE_ARGS    ?= --quick
 EXAMPLE_CFLAGS ?= -std=c99 -O2 -march=native -Wall -Wextra
 FUZZ_CFLAGS    ?= -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined \
                   -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -110,6 +117,19 @@ plot: $(BUILD)/kvattn_bench
 	  echo "gnuplot -e \"datafile='$(BENCH_CSV)'; outdir='$(BUILD)'\" bench/plot.gp"; \
 	  gnuplot -e "datafile='$(BENCH_CSV)'; outdir='$(BUILD)'" bench/plot.gp && \
 	  echo "plots written to $(BUILD)/"; \
+	fi
+	@if [ ! -f $(NEEDLE_MODEL_DIR)/model.bin ]; then \
+	  echo "$(NEEDLE_MODEL_DIR)/model.bin does not exist: no needle charts"; \
+	else \
+	  echo "$(BUILD_RUN)/kvattn_bench quality --parts needle --csv --model-dir $(NEEDLE_MODEL_DIR)" \
+	    "--tokenizer $(NEEDLE_TOKENIZER) $(NEEDLE_ARGS) > $(NEEDLE_CSV)"; \
+	  $(BUILD_RUN)/kvattn_bench quality --parts needle --csv --model-dir $(NEEDLE_MODEL_DIR) \
+	    --tokenizer $(NEEDLE_TOKENIZER) $(NEEDLE_ARGS) > $(NEEDLE_CSV).tmp && \
+	  mv $(NEEDLE_CSV).tmp $(NEEDLE_CSV) && \
+	  if command -v gnuplot >/dev/null 2>&1; then \
+	    gnuplot -e "datafile='$(NEEDLE_CSV)'; outdir='$(BUILD)'" bench/plot_needle.gp && \
+	    echo "needle charts written to $(BUILD)/"; \
+	  fi; \
 	fi
 
 # ---- examples

@@ -171,6 +171,20 @@ static inline void kt_attn_init(kva_attn *a, int H, int G, int D, int Dv) {
   a->n_threads = 1;
 }
 
+/* A cache of L layers, G KV heads of D, blocks of bs tokens, n_blocks of them, max_seqs
+   sequences, storage t; the rest default */
+static inline void kt_desc_init(kva_cache_desc *d, int L, int G, int D, int bs, int n_blocks, int max_seqs,
+                                kva_dtype t) {
+  memset(d, 0, sizeof *d);
+  d->n_layers = L;
+  d->n_kv_heads = G;
+  d->head_dim = D;
+  d->block_size = bs;
+  d->n_blocks = n_blocks;
+  d->max_seqs = max_seqs;
+  d->dtype = d->v_dtype = t;
+}
+
 /* Every counter of two caches' stats equal (appends_failed too unless
    skip_failed), for "a failed call changed nothing" and twin comparisons. */
 static inline int kt_stats_equal(const kva_cache_stats *a, const kva_cache_stats *b, int skip_failed) {

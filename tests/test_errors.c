@@ -48,14 +48,7 @@ static int te_has(const char *s, const char *part) { return s && strstr(s, part)
 static kva_cache *te_cache(te_log *log, int n_blocks, kva_dtype t) {
   kva_cache_desc d;
   kva_cache *c = NULL;
-  memset(&d, 0, sizeof d);
-  d.n_layers = 2;
-  d.n_kv_heads = 2;
-  d.head_dim = 8;
-  d.block_size = 4;
-  d.n_blocks = n_blocks;
-  d.max_seqs = 6;
-  d.dtype = d.v_dtype = t;
+  kt_desc_init(&d, 2, 2, 8, 4, n_blocks, 6, t);
   d.user = log;
   d.on_error = te_record;
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
@@ -113,11 +106,7 @@ static void te_descriptions(void) {
   size_t bytes = 0;
   kt_begin("errors: refused descriptions and kva_attn_check name the rule");
   memset(&log, 0, sizeof log);
-  memset(&d, 0, sizeof d);
-  d.n_layers = 1;
-  d.n_kv_heads = 1;
-  d.head_dim = 8;
-  d.n_blocks = 4;
+  kt_desc_init(&d, 1, 1, 8, 0, 4, 0, KVA_DTYPE_DEFAULT);
   d.user = &log;
   d.on_error = te_record;
   d.rotate = 7;

@@ -16,14 +16,7 @@ static kva_cache *sm_cache(int bs, int n_blocks, int n_groups, const kva_layer_g
                            int n_layers) {
   kva_cache_desc d;
   kva_cache *c = NULL;
-  memset(&d, 0, sizeof d);
-  d.n_layers = n_layers;
-  d.n_kv_heads = 2;
-  d.head_dim = 8;
-  d.block_size = bs;
-  d.n_blocks = n_blocks;
-  d.max_seqs = 8;
-  d.dtype = KVA_INT8;
+  kt_desc_init(&d, n_layers, 2, 8, bs, n_blocks, 8, KVA_INT8);
   d.n_groups = n_groups;
   d.groups = groups;
   d.layer_group = lg;
