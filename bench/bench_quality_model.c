@@ -797,6 +797,27 @@ static void qm_needle_rows(qm_run *R) {
           }
         }
   }
+  /* each configuration's accuracy over every depth and length, kind by kind (so that one policy's
+     budgets are consecutive rows: a chart's line) */
+  for (k = 0; k < 2; k++)
+    for (i = 0; i < R->n_cfg; i++) {
+      const qm_cfg *q = &R->cf[i];
+      double a = qm_needle_acc(q, k, -1);
+      row *r;
+      if (q->bad || a < 0) continue;
+      r = rows_add(&R->t, "needle_all");
+      rs(r, C_SCHEME, "%s", qk_name[q->kind]);
+      rs(r, C_NAME, "%s", q->name);
+      rs(r, C_MODEL, "%s", R->model_path);
+      rs(r, C_MODE, "%s", k ? "multi" : "single");
+      rn(r, C_VALUE, a);
+      rn(r, C_BPT, (double)q->bpt);
+      if (q->kind == QK_EVICT) {
+        rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
+        rn(r, C_NSINK, q->ev.n_sink);
+        rn(r, C_BUDGETFRAC, q->pct / 100.0);
+      }
+    }
   if (g_fmt != OUT_TABLE) return;
   text("\nNeedle retrieval on %s: greedy exact match of the pass key's digits (examples/needle.h), per depth of\n"
        "the needle in the filler (", R->model_path);

@@ -5,7 +5,8 @@
 #   gnuplot -e "datafile='build/needle.csv'; outdir='build'" bench/plot_needle.gp
 #
 # Reads the rows of section "needle" (one per configuration, kind, context length and depth: the
-# share of cases answered right) and writes
+# share of cases answered right) and "needle_all" (one per configuration and kind: over every depth
+# and length; a policy's budgets on consecutive rows) and writes
 #   outdir/needle_single.png, outdir/needle_multi.png  the standard needle picture: accuracy by the
 #       needle's depth (y) and the context length (x), one panel per configuration (full cache,
 #       quantized storage, eviction at 20 % of the context), green right, red wrong
@@ -21,9 +22,9 @@ set datafile columnheaders
 set terminal pngcairo size 1600,760 font "sans,10" noenhanced
 
 cell(kind, name) = strcol("section") eq "needle" && strcol("mode") eq kind && strcol("name") eq name
-evicted(kind, pol, sinks) = strcol("section") eq "needle" && strcol("mode") eq kind && \
+evicted(kind, pol, sinks) = strcol("section") eq "needle_all" && strcol("mode") eq kind && \
                             strcol("policy") eq pol && column("n_sink") == sinks
-full(kind) = strcol("section") eq "needle" && strcol("mode") eq kind && strcol("name") eq "f32"
+full(kind) = strcol("section") eq "needle_all" && strcol("mode") eq kind && strcol("name") eq "f32"
 
 array panel[8] = ["f32", "int8", "int4", "int4 rotated K", "fp8_e4m3 calibrated", \
                   "WINDOW 20%", "WINDOW 20% + 4 sinks", "H2O 20% (4 sinks)"]
@@ -47,8 +48,8 @@ do for [kind in "single multi"] {
   do for [i = 1:8] {
     set title panel[i]
     plot datafile using (cell(kind, panel[i]) ? column("ctx") : NaN):(column("needle_depth")):(column("value")) \
-         with points pt 5 ps 7 palette, \
-         "" using (cell(kind, panel[i]) ? column("ctx") : NaN):(column("needle_depth")):(sprintf("%.0f%%", 100 * column("value"))) \
+         with points pt 5 ps 5 palette, \
+         "" using (cell(kind, panel[i]) ? column("ctx") : NaN):(column("needle_depth")):(sprintf("%.0f", 100 * column("value")) . "%") \
          with labels font "sans,9"
   }
   unset multiplot
@@ -59,7 +60,7 @@ set output outdir . "/needle_budget.png"
 set terminal pngcairo size 1500,560 font "sans,10" noenhanced
 unset logscale x
 set xrange [0:0.55]
-set xtics ("10%" 0.1, "20%" 0.2, "50%" 0.5)
+set xtics ("10%%" 0.1, "20%%" 0.2, "50%%" 0.5)
 set yrange [-0.02:1.02]
 set ytics autofreq
 set xlabel "eviction budget (share of the context kept)"
@@ -73,12 +74,12 @@ set multiplot layout 1,2 title "Needle retrieval under eviction (F32 storage): a
 do for [kind in "single multi"] {
   set title kind eq "single" ? "single key" : "multi-key"
   f32 = kind eq "single" ? f32_single : f32_multi
-  plot datafile using (evicted(kind, "WINDOW", 0) ? column("budget_frac") : NaN):(column("value")) smooth unique \
+  plot datafile using (evicted(kind, "WINDOW", 0) ? column("budget_frac") : NaN):(column("value")) \
          with linespoints lw 2 pt 7 title "WINDOW", \
-       "" using (evicted(kind, "WINDOW", 4) ? column("budget_frac") : NaN):(column("value")) smooth unique \
+       "" using (evicted(kind, "WINDOW", 4) ? column("budget_frac") : NaN):(column("value")) \
          with linespoints lw 2 pt 5 title "WINDOW + 4 sinks", \
-       "" using (evicted(kind, "H2O", 4) ? column("budget_frac") : NaN):(column("value")) smooth unique \
+       "" using (evicted(kind, "H2O", 4) ? column("budget_frac") : NaN):(column("value")) \
          with linespoints lw 2 pt 9 title "H2O (4 sinks, half recent)", \
-       f32 with lines dt 2 lw 2 lc rgb "black" title sprintf("full f32 cache (%.0f%%)", 100 * f32)
+       f32 with lines dt 2 lw 2 lc rgb "black" title sprintf("full f32 cache (%.0f", 100 * f32) . "%)"
 }
 unset multiplot
