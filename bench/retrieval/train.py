@@ -146,6 +146,7 @@ class Corpus:
             stream.extend(self.tok.encode(t))
         self.stream = np.array(stream, dtype=np.int64)
         self.heldout_text = "\n\n".join(held) + "\n"
+        self.calib_text = train[0][:12000]    # the start of the first training book
         self.held_ids = self.tok.encode(self.heldout_text)
         self.train_sents = self.sentences(train)
         self.held_sents = self.sentences(held)
@@ -554,6 +555,16 @@ def write_ref_logits(corpus, model_path):
             f.write(" ".join("%.9g" % v for v in row) + "\n")
 
 
+def eval_files(corpus):
+    """heldout.ids (the held-out books, for the loss and KL of kvattn_bench quality --parts model)
+    and calib.txt (training prose to calibrate FP8 scales on)."""
+    with open(os.path.join(HERE, "heldout.ids"), "w") as f:
+        f.write(" ".join(map(str, corpus.held_ids)) + "\n")
+    with open(os.path.join(HERE, "calib.txt"), "w") as f:
+        f.write(corpus.calib_text)
+    log("wrote heldout.ids (%d tokens) and calib.txt" % len(corpus.held_ids))
+
+
 def load_trained():
     model = make_model()
     st = torch.load(CKPT)
@@ -722,6 +733,7 @@ if __name__ == "__main__":
             export(model, os.path.join(HERE, "model.bin"))
             write_ref_logits(corpus, os.path.join(HERE, "model.bin"))
             needle_files(corpus)
+            eval_files(corpus)
         evaluate(corpus, model)
     elif "--check-resume" in sys.argv:
         sys.exit(0 if check_resume() else 1)
