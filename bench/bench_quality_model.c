@@ -279,16 +279,49 @@ static int qm_exists(const char *path) {
   return f != NULL;
 }
 
-/* Needle cases: DIR/needle_single.tsv and DIR/needle_multi.tsv (examples/needle.h's format), at
-   least one of them; their context buckets and depths; --quick keeps one case per cell. */
+/* --needle-text FILE: cases generated from a text with the model's tokenizer (examples/needle.h's
+   needle_generate): 10 per depth (1 with --quick), kind and context length (1K and 2K, those that
+   fit seq_len; else seq_len rounded down to a power of two). */
+static int qm_needle_generate(qm_run *R) {
+  static const double depths[5] = {0.10, 0.25, 0.50, 0.75, 0.90};
+  char err[1200], *txt = qm_read(R->o->needle_text, NULL);
+  int k, ctx, n_ctx = 0, contexts[2];
+  if (!txt) {
+    fprintf(stderr, "kvattn_bench quality, part needle: cannot read --needle-text %s\n", R->o->needle_text);
+    qm_fail_row(&R->t, "ERROR cannot read --needle-text %s%s", R->o->needle_text, "");
+    return 0;
+  }
+  for (ctx = 1024; ctx <= 2048 && ctx <= R->W; ctx *= 2) contexts[n_ctx++] = ctx;
+  if (n_ctx == 0) {
+    for (ctx = NEEDLE_MIN_CONTEXT; ctx * 2 <= R->W; ctx *= 2) {}
+    contexts[n_ctx++] = ctx;
+  }
+  for (k = 0; k < 2; k++)
+    for (ctx = 0; ctx < n_ctx; ctx++)
+      if (!needle_generate(&R->nd[k], &R->tz, R->W, txt, (needle_kind)k, contexts[ctx], depths, 5,
+                           R->o->quick ? 1 : 10, 77u + 1000u * (unsigned)k + (unsigned)contexts[ctx], err,
+                           sizeof err)) {
+        fprintf(stderr, "kvattn_bench quality, part needle: --needle-text %s: %s\n", R->o->needle_text, err);
+        qm_fail_row(&R->t, "ERROR --needle-text %s: %s", R->o->needle_text, err);
+        free(txt);
+        return 0;
+      }
+  free(txt);
+  return 1;
+}
+
+/* Needle cases: generated from --needle-text, or DIR/needle_single.tsv and DIR/needle_multi.tsv
+   (examples/needle.h's format), at least one of them; their context buckets and depths; --quick
+   keeps one case per cell. */
 static int qm_needle_cases(qm_run *R) {
   static const char *const file[2] = {"needle_single.tsv", "needle_multi.tsv"};
   char path[1200], err[1200];
   int k, i, j, found = 0;
+  if (R->o->needle_text && !qm_needle_generate(R)) return 0;
   for (k = 0; k < 2; k++) {
     snprintf(path, sizeof path, "%s/%s", R->dir, file[k]);
-    if (!qm_exists(path)) continue;
-    if (!needle_read(&R->nd[k], path, &R->tz, R->W, err, sizeof err)) {
+    if (!R->o->needle_text && !qm_exists(path)) continue;
+    if (!R->o->needle_text && !needle_read(&R->nd[k], path, &R->tz, R->W, err, sizeof err)) {
       fprintf(stderr, "kvattn_bench quality, part needle: %s\n", err);
       qm_fail_row(&R->t, "ERROR %s%s", err, "");
       return 0;
@@ -310,7 +343,7 @@ static int qm_needle_cases(qm_run *R) {
   }
   if (!found) {
     fprintf(stderr, "kvattn_bench quality, part needle: %s has neither needle_single.tsv nor needle_multi.tsv "
-                    "(bench/retrieval has both)\n", R->dir);
+                    "(bench/retrieval has both; or give --needle-text FILE)\n", R->dir);
     qm_fail_row(&R->t, "ERROR %s: no needle_single.tsv or needle_multi.tsv (try --model-dir bench/retrieval)%s",
                 R->dir, "");
     return 0;
@@ -1185,7 +1218,7 @@ void quality_model(const opts *o, const machine *m) {
   (void)m;
   snprintf(p1, sizeof p1, "%s/needle_single.tsv", dir);
   snprintf(p2, sizeof p2, "%s/needle_multi.tsv", dir);
-  qm_go(o, 1, (o->parts & PART_NEEDLE) && (qm_exists(p1) || qm_exists(p2)));
+  qm_go(o, 1, (o->parts & PART_NEEDLE) && (o->needle_text || qm_exists(p1) || qm_exists(p2)));
 }
 
 /* part needle alone (with part model, quality_model runs it) */

@@ -154,6 +154,8 @@ static void usage(void) {
       "                      retrieval model: --model-dir bench/retrieval --tokenizer bench/model/tokenizer.bin)\n"
       "  --model FILE        quality model, needle: a llama2.c checkpoint other than DIR/model.bin\n"
       "  --tokenizer FILE    quality model, needle: its tokenizer.bin, if not DIR/tokenizer.bin\n"
+      "  --needle-text FILE  quality needle: cases made from this text with the model's tokenizer (pass\n"
+      "                      keys in its sentences at 5 depths, 1K and 2K tokens), not DIR's files\n"
       "\n"
       , stdout);
   fputs(
@@ -342,6 +344,9 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
     } else if (!strcmp(a, "--tokenizer")) {
       NEEDV();
       o->tokenizer_file = v;
+    } else if (!strcmp(a, "--needle-text")) {
+      NEEDV();
+      o->needle_text = v;
     } else if (!strcmp(a, "--out")) {
       NEEDV();
       o->out_dir = v;

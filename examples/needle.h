@@ -217,6 +217,178 @@ static inline int needle_read(needle_set *s, const char *path, const llm_tokeniz
   return 1;
 }
 
+/* ---- generating cases from a text, for any tokenizer */
+
+/* The sentences are the retrieval model's (bench/retrieval/train.py), so a
+   model trained on them is asked what it learned; names for multi-key. */
+static const char *const needle__names[8] = {"Abraham", "Rachel", "Samuel", "Esther",
+                                             "Gideon", "Miriam", "Jonathan", "Deborah"};
+
+static inline uint64_t needle__mix(uint64_t *state) { /* splitmix64 */
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/* Sentences of text: runs ending in . ! ? (or the end), white space folded
+   to single spaces, at least 20 characters.  *starts gets offsets into a
+   copy; returns the count (0 on failure). */
+static inline int needle__sentences(const char *text, char **copy, int **starts) {
+  size_t n = strlen(text), i, o = 0;
+  int count = 0, cap = 256, begin = 0;
+  char *c = (char *)malloc(n + 1);
+  int *st = (int *)malloc((size_t)cap * sizeof(int));
+  if (!c || !st) {
+    free(c), free(st);
+    return 0;
+  }
+  for (i = 0; i <= n; i++) {
+    char ch = i < n ? text[i] : '.';
+    if (isspace((unsigned char)ch)) {
+      if (o > (size_t)begin && c[o - 1] != ' ') c[o++] = ' ';
+      continue;
+    }
+    if (i < n) c[o++] = ch;
+    if (ch == '.' || ch == '!' || ch == '?' || i == n) {
+      while (o > (size_t)begin && c[o - 1] == ' ') o--;
+      if (o - (size_t)begin >= 20) {
+        if (count == cap) {
+          int *ns = (int *)realloc(st, (size_t)(cap *= 2) * sizeof(int));
+          if (!ns) {
+            free(c), free(st);
+            return 0;
+          }
+          st = ns;
+        }
+        c[o++] = 0;
+        st[count++] = begin;
+        begin = (int)o;
+      } else {
+        o = (size_t)begin;
+      }
+    }
+  }
+  *copy = c;
+  *starts = st;
+  return count;
+}
+
+/* Add n_per cases per depth of one kind, each a prompt of about `context`
+   tokens (BOS, prose from text at a random sentence, the needle sentences
+   at their depths, the question), with random 5-digit keys from seed.
+   Single: one pass key (the passkey test's sentences); multi: 4 named keys,
+   the first at the depth, the others at random depths, the first asked.
+   Returns 1, or 0 with a message and s unchanged beyond the cases added. */
+static inline int needle_generate(needle_set *s, const llm_tokenizer *t, int seq_len, const char *text,
+                                  needle_kind kind, int context, const double *depths, int n_depths, int n_per,
+                                  uint64_t seed, char *err, size_t errn) {
+  char *copy = NULL, *prompt = NULL;
+  int *starts = NULL, n_sent, d, r, ok = 1;
+  size_t cap;
+  int32_t *tok = NULL;
+  uint64_t state = seed;
+  if (err && errn) err[0] = 0;
+  if (context < NEEDLE_MIN_CONTEXT || context > seq_len || n_depths < 1 || n_per < 1) {
+    needle__err(err, errn, "a context of %d tokens: want %d..%d (the model's seq_len), and cases to make", context,
+                NEEDLE_MIN_CONTEXT, seq_len);
+    return 0;
+  }
+  n_sent = needle__sentences(text, &copy, &starts);
+  if (n_sent < 8) {
+    needle__err(err, errn, "the text has %d sentences of 20 characters or more: give a longer text", n_sent);
+    free(copy), free(starts);
+    return 0;
+  }
+  cap = strlen(text) + 4096;
+  prompt = (char *)malloc(cap);
+  tok = (int32_t *)malloc((cap + 3) * sizeof(int32_t));
+  for (d = 0; ok && prompt && tok && d < n_depths; d++)
+    for (r = 0; ok && r < n_per; r++) {
+      char keys[4][8], needle[4][160], question[160];
+      double where[4];
+      int n_needles = kind == NEEDLE_MULTI ? 4 : 1, first = (int)(needle__mix(&state) % (uint64_t)n_sent);
+      int n_fill = 0, k, j, n_tok = 0, lo, hi;
+      for (k = 0; k < n_needles; k++) { /* multi: four different names, the first asked */
+        snprintf(keys[k], sizeof keys[k], "%05u", (unsigned)(needle__mix(&state) % 100000u));
+        where[k] = k == 0 ? depths[d] : (double)(needle__mix(&state) % 1000u) / 1000.0;
+        if (kind == NEEDLE_MULTI)
+          snprintf(needle[k], sizeof needle[k], "The pass key of %s is %s.", needle__names[(r + 2 * k + d) % 8],
+                   keys[k]);
+        else
+          snprintf(needle[k], sizeof needle[k], "The pass key is %s. Remember it. %s is the pass key.", keys[k],
+                   keys[k]);
+      }
+      if (kind == NEEDLE_MULTI)
+        snprintf(question, sizeof question, "What is the pass key of %s? The pass key of %s is",
+                 needle__names[(r + d) % 8], needle__names[(r + d) % 8]);
+      else
+        snprintf(question, sizeof question, "What is the pass key? The pass key is");
+      /* the most filler sentences that fit: bisection on the encoded length, from at most the
+         sentences of 10 characters a token */
+      {
+        size_t chars = 0;
+        for (hi = 0; hi < n_sent - 1 && chars < (size_t)context * 10; hi++)
+          chars += strlen(copy + starts[(first + hi) % n_sent]) + 1;
+      }
+      lo = 0;
+      while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        size_t o = 0;
+        for (j = 0; j < mid; j++) {
+          const char *sent = copy + starts[(first + j) % n_sent];
+          size_t l = strlen(sent);
+          memcpy(prompt + o, sent, l), o += l, prompt[o++] = ' ';
+        }
+        prompt[o] = 0;
+        if (llm_encode(t, prompt, 1, 0, tok, &n_tok) != 0) {
+          ok = 0;
+          break;
+        }
+        /* room for the needles, the question, the answer and slack: about 30 tokens each */
+        if (n_tok + 30 * (n_needles + 1) + 8 <= context) lo = mid;
+        else hi = mid - 1;
+      }
+      n_fill = lo;
+      { /* assemble: filler, needles at their depths (between sentences), the question; then trim */
+        for (;;) {
+          size_t o = 0;
+          for (j = 0; j <= n_fill; j++) {
+            for (k = 0; k < n_needles; k++)
+              if ((int)floor(where[k] * n_fill + 0.5) == j) {
+                size_t l = strlen(needle[k]);
+                if (o) prompt[o++] = ' ';
+                memcpy(prompt + o, needle[k], l), o += l;
+              }
+            if (j < n_fill) {
+              const char *sent = copy + starts[(first + j) % n_sent];
+              size_t l = strlen(sent);
+              if (o) prompt[o++] = ' ';
+              memcpy(prompt + o, sent, l), o += l;
+            }
+          }
+          prompt[o++] = ' ';
+          memcpy(prompt + o, question, strlen(question) + 1);
+          if (llm_encode(t, prompt, 1, 0, tok, &n_tok) != 0) {
+            ok = 0;
+            break;
+          }
+          if (n_tok + 5 + NEEDLE_GEN_EXTRA <= context || n_fill == 0) break;
+          n_fill--; /* too long: one filler sentence fewer */
+        }
+      }
+      if (ok && !needle__add(s, t, seq_len, depths[d], keys[0], 5, prompt, err, errn)) ok = 0;
+    }
+  if (!prompt || !tok) {
+    needle__err(err, errn, "out of memory");
+    ok = 0;
+  } else if (!ok && err && !err[0]) {
+    needle__err(err, errn, "out of memory encoding a prompt");
+  }
+  free(copy), free(starts), free(prompt), free(tok);
+  return ok;
+}
+
 /* ---- running a case */
 
 /* BOS + the prompt into a new sequence of c (one prefill, or token by token
