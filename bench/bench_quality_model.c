@@ -273,22 +273,25 @@ typedef struct {
 
 static int qm_cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
+/* a user's checkpoint (--model) with --text: the loss is over that text, not DIR/heldout.ids */
+static int qm_text_heldout(const qm_run *R) { return R->o->model_file && R->o->text_file; }
+
 static int qm_exists(const char *path) {
   FILE *f = fopen(path, "rb");
   if (f) fclose(f);
   return f != NULL;
 }
 
-/* --needle-text FILE: cases generated from a text with the model's tokenizer (examples/needle.h's
+/* --text FILE: cases generated from a text with the model's tokenizer (examples/needle.h's
    needle_generate): 10 per depth (1 with --quick), kind and context length (1K and 2K, those that
    fit seq_len; else seq_len rounded down to a power of two). */
 static int qm_needle_generate(qm_run *R) {
   static const double depths[5] = {0.10, 0.25, 0.50, 0.75, 0.90};
-  char err[1200], *txt = qm_read(R->o->needle_text, NULL);
+  char err[1200], *txt = qm_read(R->o->text_file, NULL);
   int k, ctx, n_ctx = 0, contexts[2];
   if (!txt) {
-    fprintf(stderr, "kvattn_bench quality, part needle: cannot read --needle-text %s\n", R->o->needle_text);
-    qm_fail_row(&R->t, "ERROR cannot read --needle-text %s%s", R->o->needle_text, "");
+    fprintf(stderr, "kvattn_bench quality, part needle: cannot read --text %s\n", R->o->text_file);
+    qm_fail_row(&R->t, "ERROR cannot read --text %s%s", R->o->text_file, "");
     return 0;
   }
   for (ctx = 1024; ctx <= 2048 && ctx <= R->W; ctx *= 2) contexts[n_ctx++] = ctx;
@@ -301,8 +304,8 @@ static int qm_needle_generate(qm_run *R) {
       if (!needle_generate(&R->nd[k], &R->tz, R->W, txt, (needle_kind)k, contexts[ctx], depths, 5,
                            R->o->quick ? 1 : 10, 77u + 1000u * (unsigned)k + (unsigned)contexts[ctx], err,
                            sizeof err)) {
-        fprintf(stderr, "kvattn_bench quality, part needle: --needle-text %s: %s\n", R->o->needle_text, err);
-        qm_fail_row(&R->t, "ERROR --needle-text %s: %s", R->o->needle_text, err);
+        fprintf(stderr, "kvattn_bench quality, part needle: --text %s: %s\n", R->o->text_file, err);
+        qm_fail_row(&R->t, "ERROR --text %s: %s", R->o->text_file, err);
         free(txt);
         return 0;
       }
@@ -310,18 +313,18 @@ static int qm_needle_generate(qm_run *R) {
   return 1;
 }
 
-/* Needle cases: generated from --needle-text, or DIR/needle_single.tsv and DIR/needle_multi.tsv
+/* Needle cases: generated from --text, or DIR/needle_single.tsv and DIR/needle_multi.tsv
    (examples/needle.h's format), at least one of them; their context buckets and depths; --quick
    keeps one case per cell. */
 static int qm_needle_cases(qm_run *R) {
   static const char *const file[2] = {"needle_single.tsv", "needle_multi.tsv"};
   char path[1200], err[1200];
   int k, i, j, found = 0;
-  if (R->o->needle_text && !qm_needle_generate(R)) return 0;
+  if (R->o->text_file && !qm_needle_generate(R)) return 0;
   for (k = 0; k < 2; k++) {
     snprintf(path, sizeof path, "%s/%s", R->dir, file[k]);
-    if (!R->o->needle_text && !qm_exists(path)) continue;
-    if (!R->o->needle_text && !needle_read(&R->nd[k], path, &R->tz, R->W, err, sizeof err)) {
+    if (!R->o->text_file && !qm_exists(path)) continue;
+    if (!R->o->text_file && !needle_read(&R->nd[k], path, &R->tz, R->W, err, sizeof err)) {
       fprintf(stderr, "kvattn_bench quality, part needle: %s\n", err);
       qm_fail_row(&R->t, "ERROR %s%s", err, "");
       return 0;
@@ -343,7 +346,7 @@ static int qm_needle_cases(qm_run *R) {
   }
   if (!found) {
     fprintf(stderr, "kvattn_bench quality, part needle: %s has neither needle_single.tsv nor needle_multi.tsv "
-                    "(bench/retrieval has both; or give --needle-text FILE)\n", R->dir);
+                    "(bench/retrieval has both; or give --text FILE)\n", R->dir);
     qm_fail_row(&R->t, "ERROR %s: no needle_single.tsv or needle_multi.tsv (try --model-dir bench/retrieval)%s",
                 R->dir, "");
     return 0;
@@ -361,7 +364,7 @@ static int qm_load(qm_run *R) {
   /* ---- the files: the model and its tokenizer always; held-out ids for the loss */
   const char *need[3];
   need[0] = R->model_path, need[1] = R->tok_path, need[2] = NULL;
-  if (R->do_loss) {
+  if (R->do_loss && !qm_text_heldout(R)) {
     snprintf(path, sizeof path, "%s/heldout.ids", R->dir);
     need[2] = path;
   }
@@ -392,9 +395,24 @@ static int qm_load(qm_run *R) {
     goto fail;
   }
   R->have_tz = 1;
-  /* held-out ids */
+  /* held-out ids: DIR/heldout.ids, or --text encoded with the model's tokenizer (a user's --model) */
   snprintf(path, sizeof path, "%s/heldout.ids", R->dir);
-  if (R->do_loss) {
+  if (R->do_loss && qm_text_heldout(R)) {
+    long len;
+    int n;
+    if (!(txt = qm_read(R->o->text_file, &len))) {
+      qm_fail_row(&R->t, "ERROR cannot read --text %s%s", R->o->text_file, "");
+      goto fail;
+    }
+    R->ids = (int32_t *)xalloc(((size_t)len + 3) * sizeof(int32_t));
+    if (llm_encode(&R->tz, txt, 1, 0, R->ids, &n) != 0 || n < 2) {
+      qm_fail_row(&R->t, "ERROR --text %s: %s", R->o->text_file, "empty, or out of memory encoding it");
+      goto fail;
+    }
+    R->n_ids = n;
+    free(txt);
+    txt = NULL;
+  } else if (R->do_loss) {
     long len;
     char *p, *e;
     if (!(txt = qm_read(path, &len))) {
@@ -425,7 +443,7 @@ static int qm_load(qm_run *R) {
   if (R->o->quick && R->n_win > QM_QUICK_WINDOWS) R->n_win = QM_QUICK_WINDOWS;
   /* passkey cases (optional): distance_fraction TAB answer TAB prompt */
   snprintf(path, sizeof path, "%s/passkey.tsv", R->dir);
-  if (R->do_loss && qm_exists(path)) {
+  if (R->do_loss && qm_exists(path) && !qm_text_heldout(R)) {
     char *line, *save = NULL;
     int per[3] = {0, 0, 0};
     if (!(txt = qm_read(path, NULL))) {
@@ -501,7 +519,7 @@ static int qm_fp8_scales(qm_run *R) {
     int32_t *ct;
     kva_status cs;
     const needle_case *first = R->nd[0].n ? &R->nd[0].cases[0] : R->nd[1].n ? &R->nd[1].cases[0] : NULL;
-    if (qm_exists(path)) {
+    if (qm_exists(path) && !qm_text_heldout(R)) {
       progress("quality model: FP8 calibration on %s", path);
       if (!(txt = qm_read(path, NULL))) {
         qm_fail_row(&R->t, "ERROR cannot read %s%s", path, "");
@@ -1218,7 +1236,7 @@ void quality_model(const opts *o, const machine *m) {
   (void)m;
   snprintf(p1, sizeof p1, "%s/needle_single.tsv", dir);
   snprintf(p2, sizeof p2, "%s/needle_multi.tsv", dir);
-  qm_go(o, 1, (o->parts & PART_NEEDLE) && (o->needle_text || qm_exists(p1) || qm_exists(p2)));
+  qm_go(o, 1, (o->parts & PART_NEEDLE) && (o->text_file || qm_exists(p1) || qm_exists(p2)));
 }
 
 /* part needle alone (with part model, quality_model runs it) */

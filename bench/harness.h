@@ -221,7 +221,7 @@ typedef struct {
   const char *model_dir;       /* quality model: the trained model's directory (NULL: bench/model) */
   const char *model_file;      /* quality model / needle: its model.bin (NULL: in model_dir) */
   const char *tokenizer_file;  /* quality model / needle: its tokenizer.bin (NULL: in model_dir) */
-  const char *needle_text;     /* quality needle: generate the cases from this text (NULL: DIR's files) */
+  const char *text_file;     /* quality needle: generate the cases from this text (NULL: DIR's files) */
 } opts;
 
 /* which options the command line set (the rest take per-subcommand defaults) */

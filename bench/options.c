@@ -154,8 +154,9 @@ static void usage(void) {
       "                      retrieval model: --model-dir bench/retrieval --tokenizer bench/model/tokenizer.bin)\n"
       "  --model FILE        quality model, needle: a llama2.c checkpoint other than DIR/model.bin\n"
       "  --tokenizer FILE    quality model, needle: its tokenizer.bin, if not DIR/tokenizer.bin\n"
-      "  --needle-text FILE  quality needle: cases made from this text with the model's tokenizer (pass\n"
-      "                      keys in its sentences at 5 depths, 1K and 2K tokens), not DIR's files\n"
+      "  --text FILE         quality needle: cases made from this text with the model's tokenizer (pass\n"
+      "                      keys in its sentences at 5 depths, 1K and 2K tokens), not DIR's files;\n"
+      "                      with --model, quality model's held-out text and FP8 calibration too\n"
       "\n"
       , stdout);
   fputs(
@@ -344,9 +345,9 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
     } else if (!strcmp(a, "--tokenizer")) {
       NEEDV();
       o->tokenizer_file = v;
-    } else if (!strcmp(a, "--needle-text")) {
+    } else if (!strcmp(a, "--text")) {
       NEEDV();
-      o->needle_text = v;
+      o->text_file = v;
     } else if (!strcmp(a, "--out")) {
       NEEDV();
       o->out_dir = v;

@@ -588,9 +588,9 @@ s_bench_smoke() {
     grep -q '^model part checks: passed' <<<"$out" || { echo "*** no 'model part checks: passed' line"; return 1; }
     # the needle part on cases it makes from a text (the prose model cannot retrieve, so this checks
     # the machinery: every configuration runs every case, one line each in both tables)
-    show "$BUILD/bench/kvattn_bench" quality --parts needle --model-dir bench/model --needle-text \
+    show "$BUILD/bench/kvattn_bench" quality --parts needle --model-dir bench/model --text \
         bench/model/heldout.txt --quick --quiet
-    out=$("$BUILD/bench/kvattn_bench" quality --parts needle --model-dir bench/model --needle-text \
+    out=$("$BUILD/bench/kvattn_bench" quality --parts needle --model-dir bench/model --text \
         bench/model/heldout.txt --quick --quiet 2>&1) || { echo "$out" | tail -30; return 1; }
     grep -E '^  (single key|multi-key|f32 ) ' <<<"$out"
     [ "$(grep -cE '^  (f32|int4 rotated K|H2O 50% \(4 sinks\)) +[0-9.]+ \|' <<<"$out")" = 6 ] ||
