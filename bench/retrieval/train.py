@@ -75,11 +75,15 @@ PHASES = [
     (500, 512, 4, 0.25, 0.50),
     (500, 1024, 2, 0.25, 0.55),
     (900, 2048, 1, 0.20, 0.60),
+    # the second stage: more of the long contexts, denser with keys
+    (800, 1024, 2, 0.45, 0.45),
+    (700, 2048, 1, 0.35, 0.55),
 ]
-WARMUP = 100
-LR_MAX = 2e-3
-LR_MIN = 2e-4
-DECAY_STEPS = 400                 # constant LR, then a cosine to LR_MIN over the last steps
+# Learning-rate stages over the phases: (first phase, last phase, warm-up steps, peak, floor).
+# In each: a linear warm-up from the previous stage's floor (0 for the first), the peak, then a
+# cosine to the floor over the stage's last DECAY_STEPS steps.
+STAGES = [(0, 4, 100, 2e-3, 2e-4), (5, 6, 50, 1e-3, 1e-4)]
+DECAY_STEPS = 400
 WEIGHT_DECAY = 0.1
 ANSWER_WEIGHT = 3.0
 # Token embeddings start at this standard deviation (norm ~3.2 at dim 256)
@@ -377,16 +381,24 @@ def make_optimizer(model):
     nodecay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                               {"params": nodecay, "weight_decay": 0.0}],
-                             lr=LR_MAX, betas=(0.9, 0.95), eps=1e-8)
+                             lr=STAGES[0][3], betas=(0.9, 0.95), eps=1e-8)
 
 
 def lr_at(step):
-    if step <= WARMUP:
-        return LR_MAX * step / WARMUP
-    if step <= total_steps() - DECAY_STEPS:
-        return LR_MAX
-    p = min(1.0, (step - (total_steps() - DECAY_STEPS)) / DECAY_STEPS)
-    return LR_MIN + 0.5 * (LR_MAX - LR_MIN) * (1 + math.cos(math.pi * p))
+    sched = schedule()
+    start = 0.0
+    for first_phase, last_phase, warmup, peak, floor in STAGES:
+        first, last = sched[first_phase][0], sched[last_phase][1]
+        if step <= last or last_phase == len(PHASES) - 1:
+            local = step - first + 1
+            if local <= warmup:
+                return start + (peak - start) * local / warmup
+            if step <= last - DECAY_STEPS:
+                return peak
+            p = min(1.0, (step - (last - DECAY_STEPS)) / DECAY_STEPS)
+            return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * p))
+        start = floor
+    return STAGES[-1][4]
 
 
 # ---------------------------------------------------------------- evaluation
@@ -591,12 +603,13 @@ def check_resume():
     and resumed from its checkpoint: the weights must be equal bit for bit."""
     import shutil
     import tempfile
-    global DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE, HIDDEN, PHASES
-    global EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES, STATE_DIR, CKPT
+    global DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_SIZE, HIDDEN, PHASES, STAGES
+    global EVAL_EVERY, DECAY_STEPS, CKPT_MINUTES, STATE_DIR, CKPT
     DIM, N_LAYERS, N_HEADS, N_KV_HEADS, HIDDEN = 64, 2, 2, 1, 64
     HEAD_SIZE = DIM // N_HEADS
     PHASES = [(8, 64, 2, 0.5, 0.3), (8, 128, 2, 0.3, 0.5)]
-    EVAL_EVERY, DECAY_STEPS, WARMUP, CKPT_MINUTES = 1000, 4, 3, 0
+    STAGES = [(0, 0, 3, 2e-3, 2e-4), (1, 1, 2, 1e-3, 1e-4)]
+    EVAL_EVERY, DECAY_STEPS, CKPT_MINUTES = 1000, 4, 0
     save = save_ckpt
     final = []
     for stop_at in (None, 13):
