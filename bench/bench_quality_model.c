@@ -338,7 +338,7 @@ static int qm_needle_cases(qm_run *R) {
       if (ci < 0 && R->n_nctx < QM_NCTX) R->nctx[ci = R->n_nctx++] = c->context;
       if (di < 0 && R->n_ndep < QM_NDEPTH) R->ndep[di = R->n_ndep++] = c->depth;
       if (ci < 0 || di < 0) {
-        snprintf(err, sizeof err, "%s: more than %d context lengths or %d depths", path, QM_NCTX, QM_NDEPTH);
+        snprintf(err, sizeof err, "%.1000s: more than %d context lengths or %d depths", path, QM_NCTX, QM_NDEPTH);
         qm_fail_row(&R->t, "ERROR %s%s", err, "");
         return 0;
       }

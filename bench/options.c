@@ -42,6 +42,8 @@ static void usage(void) {
       "              tokens: one tree-attention call (kva_attn.tree_parent: a chain, a binary tree, 2\n"
       "              chains of 8) against 16 single-token decode steps over the same prefix (--ctx), GQA\n"
       "              f16, 1 thread, and kva_seq_accept of a path of 8 (part tree)\n"
+      , stdout);
+  fputs(
       "  quality     decode output error of F16, BF16, INT8, INT4 and FP8 (E4M3, E5M2) storage against F32\n"
       "              storage and an fp64 reference, on random, heavy-hitter and outlier-key data (part\n"
       "              dtypes); eviction (part evict): WINDOW, WINDOW + 4 sinks and H2O at --budgets of a\n"
