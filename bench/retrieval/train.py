@@ -463,6 +463,8 @@ def summary(acc):
     out = []
     for kind in ("single", "multi"):
         v = [acc[(kind, d)] for d in DEPTHS if (kind, d) in acc]
+        if not v:
+            continue
         out.append("%s %.2f [%s]" % (kind, sum(v) / len(v),
                                       " ".join("%.1f" % x for x in v)))
     return "  ".join(out) + "  answer tokens %.2f" % acc.get("digits", 0.0)
