@@ -3893,7 +3893,8 @@ static inline kva_status kva__refuse_desc(const kva_cache_desc *d, kva_status st
    sizes come later, with the main pool's). */
 static inline kva_status kva__desc_spans(const kva_cache_desc *d, kva_cache *shape) {
   int i, l;
-  KVA__DESC_RULE(d, d->n_groups < 0 || d->n_groups > KVA_MAX_GROUPS || (d->n_groups > 0) != (d->groups != NULL), KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->n_groups < 0 || d->n_groups > KVA_MAX_GROUPS, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, (d->n_groups > 0) != (d->groups != NULL), KVA_ERR_ARG);
   KVA__DESC_RULE(d, d->layer_group && d->n_groups == 0, KVA_ERR_ARG);
   for (l = 0; d->layer_group && l < d->n_layers; l++)
     KVA__DESC_RULE(d, d->layer_group[l] < 0 || d->layer_group[l] >= d->n_groups, KVA_ERR_ARG);
