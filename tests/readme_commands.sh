@@ -49,12 +49,22 @@ fi
 n_run=0 n_fail=0 n_skip=0
 block=()
 run_block() {
-    local entry line text cmd rc lines=() cmds=()
+    local entry line text cmd rc lines=() cmds=() joined=() pending=""
+    # a line ending in a backslash continues on the next: one command, at its first line
     for entry in "${block[@]}"; do
+        if [ -n "$pending" ]; then
+            entry="${pending%\\} ${entry#*$'\t'}"
+            pending=""
+        fi
+        if [[ $entry == *\\ ]]; then pending=$entry; else joined+=("$entry"); fi
+    done
+    [ -z "$pending" ] || joined+=("$pending")
+    for entry in "${joined[@]}"; do
         line=${entry%%$'\t'*}
         text=${entry#*$'\t'}
         # the command as written, without its trailing "# comment"
-        cmd=$(sed -E 's/[[:space:]]+#.*$//; s/[[:space:]]+$//' <<<"$text")
+        cmd=$(sed -E 's/^[[:space:]]*#.*$//; s/[[:space:]]+#.*$//; s/[[:space:]]+$//' <<<"$text")
+        [ -n "$cmd" ] || continue # a comment line
         if [ -n "${SKIP[$cmd]+x}" ]; then
             echo "[skip] $DOC:$line: $cmd (${SKIP[$cmd]})"
             n_skip=$((n_skip + 1))
