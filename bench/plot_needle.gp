@@ -65,7 +65,7 @@ set yrange [-0.02:1.02]
 set ytics autofreq
 set xlabel "eviction budget (share of the context kept)"
 set ylabel "accuracy (every depth and length)"
-set key top left box opaque
+set key bottom right box opaque
 stats datafile using (full("single") ? column("value") : NaN) nooutput
 f32_single = STATS_mean
 stats datafile using (full("multi") ? column("value") : NaN) nooutput
