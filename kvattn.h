@@ -1168,6 +1168,19 @@ static inline void kva__fwht_scalar(float *x, int n) {
      S_T, S(p, k), S_ZERO, FMA_S(a, v, s)   p[k] as a multiplier
                           (a broadcast, or on NEON the float itself), a + v * s */
 
+/* The Walsh-Hadamard transform's butterflies at distances of a whole vector and more, then the
+   scale s: the part every ISA shares (the distances inside a vector are each ISA's own). Runs
+   in kva__fwht_<isa>(x, n) over its x, n, s and its ints h, i, j. */
+#define KVA__FWHT_WIDE(V)                                                \
+  for (h = V##N; h < n; h *= 2)                                          \
+    for (i = 0; i < n; i += 2 * h)                                       \
+      for (j = i; j < i + h; j += V##N) {                                \
+        V##F a = V##LOAD(0, x + j), b = V##LOAD(0, x + j + h);           \
+        V##STORE(x + j, 0, V##ADD(a, b));                                \
+        V##STORE(x + j + h, 0, V##SUB(a, b));                            \
+      }                                                                  \
+  for (i = 0; i < n; i += V##N) V##STORE(x + i, 0, V##MUL(V##LOAD(0, x + i), s))
+
 /* kva__exp_sub_sum_<isa>(x, n, m): x[i] = exp(x[i] - m), returning their sum.
    exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial:
    relative error ~2e-7 against expf; inputs below -86.5 (incl. -inf) give 0
@@ -1688,14 +1701,7 @@ static inline void kva__fwht_avx2(float *x, int n) {
     v = kva__fwht8_stage_avx2(v, _mm256_permute2f128_ps(v, v, 1), _mm256_setr_ps(0, 0, 0, 0, -1, -1, -1, -1));
     _mm256_storeu_ps(x + i, v);
   }
-  for (h = 8; h < n; h *= 2)
-    for (i = 0; i < n; i += 2 * h)
-      for (j = i; j < i + h; j += 8) {
-        __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
-        _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
-        _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
-      }
-  for (i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+  KVA__FWHT_WIDE(KVA__AVX2_);
 }
 #endif /* AVX2 */
 
@@ -2240,14 +2246,7 @@ static inline void kva__fwht_neon(float *x, int n) {
     v = kva__fwht4_stage_neon(v, vextq_f32(v, v, 2), vld1q_u32(high));
     vst1q_f32(x + i, v);
   }
-  for (h = 4; h < n; h *= 2)
-    for (i = 0; i < n; i += 2 * h)
-      for (j = i; j < i + h; j += 4) {
-        float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + h);
-        vst1q_f32(x + j, vaddq_f32(a, b));
-        vst1q_f32(x + j + h, vsubq_f32(a, b));
-      }
-  for (i = 0; i < n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), s));
+  KVA__FWHT_WIDE(KVA__NEON_);
 }
 #endif /* NEON */
 

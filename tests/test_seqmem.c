@@ -45,7 +45,7 @@ static void sm_counted(void) {
   kva_cache_stats cs;
   kva_seq_stats a, b;
   size_t blk;
-  int s, f, i;
+  int s = -1, f = -1, i;
   int32_t tok[64];
   kva_evict ev;
   kt_begin("seqmem: hand-counted blocks, sharing, eviction and billing");
