@@ -275,6 +275,10 @@ typedef struct {
   int int_scores;                    /* 0 => float scores; 1 => over INT8 / INT4 keys, each query row is
                                         quantized to int8 (one absmax scale per token and head) and
                                         scores are integer dot products (docs/API.md, "Integer scores") */
+  int int_values;                    /* 0 => float values; 1 => over INT8 / INT4 values, each tile's
+                                        probabilities are quantized to 8-bit codes (the token's scale folded
+                                        in) and the products over keys are integer dot products
+                                        (docs/API.md, "Integer values") */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -452,6 +456,7 @@ typedef struct {
   kva_rope rope;                     /* on q's rope part and k_pe */
   int naive;                         /* 1: rebuild K, V per step; 0: absorbed */
   int int_scores;                    /* absorbed over an INT8 / INT4 latent cache: kva_attn.int_scores */
+  int int_values;                    /* absorbed over an INT8 / INT4 latent cache: kva_attn.int_values */
   int n_threads;                     /* 0 => OpenMP's default */
   void *workspace;                   /* NULL, or caller memory for the call's temporaries (float-aligned): */
   size_t workspace_bytes;            /* when >= kva_mla_workspace_bytes(), the call allocates nothing */
@@ -2761,6 +2766,7 @@ typedef struct {
   int chunk;              /* chunk_size, 0: none */
   const float *sinks;     /* sink_logits [H], or NULL */
   int int_scores;         /* quantized queries over INT8 / INT4 keys */
+  int int_values;         /* quantized probabilities over INT8 / INT4 values */
 } kva__attn_params;
 
 /* The chunk of position p (floor division: positions may be negative in kva_attend). */
@@ -3401,6 +3407,8 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   P->sinks = a->sink_logits;
   KVA__ATTN_RULE(a->int_scores < 0 || a->int_scores > 1);
   P->int_scores = a->int_scores;
+  KVA__ATTN_RULE(a->int_values < 0 || a->int_values > 1);
+  P->int_values = a->int_values;
   if (a->sink_logits) {
     int h;
     for (h = 0; h < a->n_heads; h++)
@@ -6175,7 +6183,8 @@ static inline kva_status kva__mla_check(const kva_mla_layer *L, const kva_cache 
   int dim = 0;
   if (!L || !c || layer < 0 || layer >= c->n_layers) return KVA_ERR_ARG;
   if (L->d_model <= 0 || L->n_heads <= 0 || L->d_latent <= 0 || L->d_nope <= 0 || L->d_rope < 0 || L->d_v <= 0 ||
-      L->q_lora_rank < 0 || L->n_threads < 0 || L->norm_eps < 0.0f || L->int_scores < 0 || L->int_scores > 1)
+      L->q_lora_rank < 0 || L->n_threads < 0 || L->norm_eps < 0.0f || L->int_scores < 0 || L->int_scores > 1 ||
+      L->int_values < 0 || L->int_values > 1)
     return KVA_ERR_ARG;
   if (L->n_heads > (1 << 16) || L->d_latent > (1 << 16) || L->d_nope > (1 << 16) || L->d_rope > (1 << 16) ||
       L->d_v > (1 << 16))
@@ -6265,6 +6274,7 @@ static inline kva_status kva__mla_attend_absorbed(const kva_mla_layer *L, kva_ca
   a.n_heads = H; a.n_kv_heads = 1; a.head_dim = latent_width; a.v_dim = d_latent; a.scale = scale;
   a.n_threads = L->n_threads;
   a.int_scores = L->int_scores;
+  a.int_values = L->int_values;
   st = kva_attend_cache(c, seq, layer, &a, w->q_absorbed, n_tokens, w->o_latent);
   /* o[h] = W_UV[h] . (sum_t p c_t) + b_uv[h] */
   for (t = 0; st == KVA_OK && t < n_tokens; t++)
