@@ -1058,6 +1058,54 @@ KVA__FORCEINLINE void kva__idot_tile_scalar(const kva_dtype t, const kva__qrow *
   }
 }
 
+/* --- integer values (kva_attn.int_values) ---
+   Over INT8 or INT4 values, each query row's probabilities in a tile of
+   keys become unsigned 8-bit codes with the token's scale folded in, and
+   the products over keys are integer dot products (docs/API.md, "Integer
+   values"). For a row with probabilities p_j (exp(score - running max), as
+   the float path has them) over the keys j of a tile:
+     INT8 (token j: codes v_j, scale s_j):  w_j = p_j * s_j,  W = max_j w_j,
+       u_j = round(255 * w_j / W),  acc += (W / 255) * sum_j u_j * v_j
+     INT4 (token j, group g of 32 channels: codes c_j, scale s_jg, minimum m_jg):
+       w_jg = p_j * s_jg,  W_g = max_j w_jg,  u_jg = round(255 * w_jg / W_g),
+       acc (group g) += (W_g / 255) * sum_j u_jg * c_j + sum_j p_j * m_jg
+   round() is half up, in float. A code is within half a step of its
+   weight, so each token's weight is off by at most W / 510. The sums are
+   exact integers on every ISA (u8 x s8 products, at most 255 * 128 * 64
+   per tile: exact in float too).
+   The kernels step over KVA__IV_CH channels at a time (one INT4 group),
+   four keys at a time: each ISA first interleaves four keys' codes so that
+   a channel's four sit together (kva__ilv4_<isa>: the layout is the ISA's
+   own, read only by its kva__iprod_<isa>), then adds the products of one
+   row's four probability codes with them into that channel's 32-bit sum. */
+#define KVA__IV_CH 32
+#define KVA__IV_BYTES (4 * KVA__IV_CH) /* four keys of one step, interleaved */
+
+/* The four keys' codes of one step (rows[k]: the first code byte of the
+   step in key k's row; INT4 codes expand to a byte each), channel c's four
+   at dst[4c .. 4c + 3]. */
+static inline void kva__ilv4_scalar(uint8_t *dst, const uint8_t *const *rows, int i4) {
+  int c, k;
+  for (c = 0; c < KVA__IV_CH; c++)
+    for (k = 0; k < 4; k++) dst[4 * c + k] = i4 ? (uint8_t)((rows[k][c / 2] >> (4 * (c & 1))) & 15) : rows[k][c];
+}
+/* out[r * KVA__IV_CH + c] = sum_j u[r * ldu + j] * x_jc (r < nr, j < nk4, a
+   multiple of 4) over the interleaved codes x (signed for INT8, 0..15 for
+   INT4), as floats. */
+KVA__FORCEINLINE void kva__iprod_scalar(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu,
+                                        const int nr, const int i4) {
+  int r, c, j;
+  for (r = 0; r < nr; r++)
+    for (c = 0; c < KVA__IV_CH; c++) {
+      int32_t s = 0;
+      for (j = 0; j < nk4; j++) {
+        int x = ilv[(size_t)(j / 4) * KVA__IV_BYTES + 4 * c + j % 4];
+        s += (int32_t)u[r * ldu + j] * (i4 ? x : (int)(int8_t)x);
+      }
+      out[r * KVA__IV_CH + c] = (float)s;
+    }
+}
+
 /* The SIMD value kernels fold each row's scale into its probabilities first:
    returns the probabilities to use (buf, KVA__NR x KVA__TILE, with *ldp set
    to its stride, or p itself for float types). */
@@ -1667,6 +1715,76 @@ KVA__FORCEINLINE void kva__idot_tile_avx2(const kva_dtype t, const kva__qrow *q,
   }
 }
 
+/* --- integer values: four keys x 32 channels per step (the scalar twin
+   says what). The interleave is two rounds of byte and word unpacks, which
+   work inside each 128-bit half: vector k of a step holds channels
+   4k .. 4k + 3 and 16 + 4k .. 19 + 4k, put back in order once per row at
+   the end. The products are exact: VNNI's vpdpbusd; without it, INT4's
+   maddubs pairs stay below 2 * 255 * 15, and INT8's bytes are widened to
+   16 bits for madd. --- */
+KVA__FORCEINLINE __m256i kva__iv_dp_avx2(__m256i acc, __m256i u, __m256i x, const int i4) {
+#if KVA__VNNI
+  (void)i4;
+  return KVA__DPBUSD256(acc, u, x);
+#else
+  if (i4) return KVA__DPBUSD256(acc, u, x);
+  {
+    const __m256i low = _mm256_set1_epi16(0xff);
+    __m256i even = _mm256_madd_epi16(_mm256_and_si256(u, low), _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8));
+    __m256i odd = _mm256_madd_epi16(_mm256_srli_epi16(u, 8), _mm256_srai_epi16(x, 8));
+    return _mm256_add_epi32(acc, _mm256_add_epi32(even, odd));
+  }
+#endif
+}
+/* one key's 32 codes of a step as bytes in channel order */
+KVA__FORCEINLINE __m256i kva__iv_codes32_avx2(const uint8_t *p, const int i4) {
+  if (i4) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+  }
+  return _mm256_loadu_si256((const __m256i *)p);
+}
+KVA__FORCEINLINE void kva__ilv4_avx2(uint8_t *dst, const uint8_t *const *rows, const int i4) {
+  const __m256i a0 = kva__iv_codes32_avx2(rows[0], i4), a1 = kva__iv_codes32_avx2(rows[1], i4);
+  const __m256i a2 = kva__iv_codes32_avx2(rows[2], i4), a3 = kva__iv_codes32_avx2(rows[3], i4);
+  const __m256i lo01 = _mm256_unpacklo_epi8(a0, a1), hi01 = _mm256_unpackhi_epi8(a0, a1);
+  const __m256i lo23 = _mm256_unpacklo_epi8(a2, a3), hi23 = _mm256_unpackhi_epi8(a2, a3);
+  _mm256_storeu_si256((__m256i *)dst, _mm256_unpacklo_epi16(lo01, lo23));
+  _mm256_storeu_si256((__m256i *)(dst + 32), _mm256_unpackhi_epi16(lo01, lo23));
+  _mm256_storeu_si256((__m256i *)(dst + 64), _mm256_unpacklo_epi16(hi01, hi23));
+  _mm256_storeu_si256((__m256i *)(dst + 96), _mm256_unpackhi_epi16(hi01, hi23));
+}
+KVA__FORCEINLINE __m256i kva__iv_bcast4_avx2(const uint8_t *u) {
+  int32_t v;
+  memcpy(&v, u, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+#define KVA__IV_INIT_AVX2(r, c) __m256i a##r##c = _mm256_setzero_si256();
+#define KVA__IV_DP_AVX2(r, c) if (nr > r) a##r##c = kva__iv_dp_avx2(a##r##c, u##r, x##c, i4);
+#define KVA__IV_OUT_AVX2(r)                                                                            \
+  if (nr > r) {                                                                                        \
+    _mm256_storeu_ps(out + r * KVA__IV_CH, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##0, a##r##1, 0x20))); \
+    _mm256_storeu_ps(out + r * KVA__IV_CH + 8, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##2, a##r##3, 0x20))); \
+    _mm256_storeu_ps(out + r * KVA__IV_CH + 16, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##0, a##r##1, 0x31))); \
+    _mm256_storeu_ps(out + r * KVA__IV_CH + 24, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##2, a##r##3, 0x31))); \
+  }
+KVA__FORCEINLINE void kva__iprod_avx2(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu,
+                                      const int nr, const int i4) {
+  const __m256i z = _mm256_setzero_si256();
+  int j;
+  KVA__EACH_4X4(KVA__IV_INIT_AVX2)
+  for (j = 0; j < nk4; j += 4, ilv += KVA__IV_BYTES) {
+    const __m256i x0 = _mm256_loadu_si256((const __m256i *)ilv), x1 = _mm256_loadu_si256((const __m256i *)(ilv + 32));
+    const __m256i x2 = _mm256_loadu_si256((const __m256i *)(ilv + 64)), x3 = _mm256_loadu_si256((const __m256i *)(ilv + 96));
+    const __m256i u0 = kva__iv_bcast4_avx2(u + j), u1 = nr > 1 ? kva__iv_bcast4_avx2(u + ldu + j) : z;
+    const __m256i u2 = nr > 2 ? kva__iv_bcast4_avx2(u + 2 * ldu + j) : z;
+    const __m256i u3 = nr > 3 ? kva__iv_bcast4_avx2(u + 3 * ldu + j) : z;
+    KVA__EACH_4X4(KVA__IV_DP_AVX2)
+  }
+  KVA__IV_OUT_AVX2(0) KVA__IV_OUT_AVX2(1) KVA__IV_OUT_AVX2(2) KVA__IV_OUT_AVX2(3)
+}
+
 /* The scalar twin's double operations, four values at a time: the same codes. */
 static inline void kva__i4_encode_avx2(uint8_t *codes, const float *src, int m, float mn, float scale) {
   int i = 0;
@@ -2232,6 +2350,77 @@ KVA__FORCEINLINE void kva__idot_tile_neon(const kva_dtype t, const kva__qrow *q,
   }
 }
 
+/* --- integer values (the scalar twin says what): zips keep the channels
+   in order. The products take unsigned bytes, so INT8 codes are biased by
+   128 in the interleave and 128 * sum(u) comes off each sum at the end;
+   with the dot-product extension UDOT adds four products per lane, else
+   widening multiplies and pairwise adds do (one row per call: the
+   accumulators of two keys' halves take twice the registers). --- */
+KVA__FORCEINLINE void kva__iv_codes32_neon(const uint8_t *p, const int i4, uint8x16_t *lo, uint8x16_t *hi) {
+  if (i4) {
+    const uint8x16_t b = vld1q_u8(p), l = vandq_u8(b, vdupq_n_u8(15)), h = vshrq_n_u8(b, 4);
+    *lo = vzip1q_u8(l, h);
+    *hi = vzip2q_u8(l, h);
+  } else {
+    *lo = veorq_u8(vld1q_u8(p), vdupq_n_u8(0x80));
+    *hi = veorq_u8(vld1q_u8(p + 16), vdupq_n_u8(0x80));
+  }
+}
+KVA__FORCEINLINE void kva__ilv4_neon(uint8_t *dst, const uint8_t *const *rows, const int i4) {
+  uint8x16_t a[4][2];
+  int k, h;
+  for (k = 0; k < 4; k++) kva__iv_codes32_neon(rows[k], i4, &a[k][0], &a[k][1]);
+  for (h = 0; h < 2; h++) {
+    const uint16x8_t lo01 = vreinterpretq_u16_u8(vzip1q_u8(a[0][h], a[1][h]));
+    const uint16x8_t hi01 = vreinterpretq_u16_u8(vzip2q_u8(a[0][h], a[1][h]));
+    const uint16x8_t lo23 = vreinterpretq_u16_u8(vzip1q_u8(a[2][h], a[3][h]));
+    const uint16x8_t hi23 = vreinterpretq_u16_u8(vzip2q_u8(a[2][h], a[3][h]));
+    vst1q_u8(dst + 64 * h, vreinterpretq_u8_u16(vzip1q_u16(lo01, lo23)));
+    vst1q_u8(dst + 64 * h + 16, vreinterpretq_u8_u16(vzip2q_u16(lo01, lo23)));
+    vst1q_u8(dst + 64 * h + 32, vreinterpretq_u8_u16(vzip1q_u16(hi01, hi23)));
+    vst1q_u8(dst + 64 * h + 48, vreinterpretq_u8_u16(vzip2q_u16(hi01, hi23)));
+  }
+}
+KVA__FORCEINLINE void kva__iprod_neon(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu,
+                                      const int nr, const int i4) {
+  int j, k, r;
+  for (r = 0; r < nr; r++) {
+    const uint8_t *x = ilv, *ur = u + r * ldu;
+    uint32_t usum = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+    uint32x4_t a[8];
+    for (k = 0; k < 8; k++) a[k] = vdupq_n_u32(0);
+    for (j = 0; j < nk4; j += 4, x += KVA__IV_BYTES) {
+      uint32_t u4;
+      uint8x16_t ub;
+      memcpy(&u4, ur + j, sizeof u4);
+      ub = vreinterpretq_u8_u32(vdupq_n_u32(u4));
+      for (k = 0; k < 8; k++) a[k] = vdotq_u32(a[k], vld1q_u8(x + 16 * k), ub);
+    }
+#else
+    uint32x4_t a[8], pa[8], pb[8];
+    for (k = 0; k < 8; k++) pa[k] = pb[k] = vdupq_n_u32(0);
+    for (j = 0; j < nk4; j += 4, x += KVA__IV_BYTES) {
+      uint32_t u4;
+      uint8x8_t ub;
+      memcpy(&u4, ur + j, sizeof u4);
+      ub = vreinterpret_u8_u32(vdup_n_u32(u4));
+      for (k = 0; k < 8; k++) { /* lanes of pa: (channel 4k, keys 0-1), (4k, 2-3), (4k + 1, 0-1), (4k + 1, 2-3) */
+        const uint8x16_t xk = vld1q_u8(x + 16 * k);
+        pa[k] = vpadalq_u16(pa[k], vmull_u8(vget_low_u8(xk), ub));
+        pb[k] = vpadalq_u16(pb[k], vmull_u8(vget_high_u8(xk), ub));
+      }
+    }
+    for (k = 0; k < 8; k++) a[k] = vpaddq_u32(pa[k], pb[k]);
+#endif
+    if (!i4)
+      for (j = 0; j < nk4; j++) usum += ur[j];
+    for (k = 0; k < 8; k++)
+      vst1q_f32(out + r * KVA__IV_CH + 4 * k,
+                vcvtq_f32_s32(vreinterpretq_s32_u32(vsubq_u32(a[k], vdupq_n_u32(128u * usum)))));
+  }
+}
+
 /* --- rotation --- */
 /* the same butterflies in 4 lanes: distances 1 and 2 inside each vector, then whole vectors */
 KVA__FORCEINLINE float32x4_t kva__fwht4_stage_neon(float32x4_t v, float32x4_t partner, uint32x4_t upper) {
@@ -2275,6 +2464,9 @@ static inline void kva__fwht_neon(float *x, int n) {
                           has none
      kva__vacc_tile_isa   probabilities times values, added to the output rows
      kva__idot_tile_isa   integer scores (kva_attn.int_scores)
+     kva__ilv4_isa, kva__iprod_isa   integer values (kva_attn.int_values):
+                          four keys' codes interleaved, and their products
+                          with KVA__IV_ROWS rows' probability codes at a time
      kva__exp_sub_sum, kva__scale_max, kva__dot_f32          softmax and dot product
      kva__f32_to_f16_row, kva__fp8_encode, kva__i4_encode    storing rows ([5])
      kva__fwht            the rotation (kva_cache_desc.rotate, [9])
@@ -2286,6 +2478,9 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__WIDE_ROWS 24
 #define kva__vacc_tile_isa kva__vacc_tile_avx512
 #define kva__idot_tile_isa kva__idot_tile_avx2 /* 256-bit, VNNI through VL */
+#define kva__ilv4_isa kva__ilv4_avx2
+#define kva__iprod_isa kva__iprod_avx2
+#define KVA__IV_ROWS 4 /* 16 accumulators of 32 registers */
 #define kva__exp_sub_sum kva__exp_sub_sum_avx512
 #define kva__scale_max kva__scale_max_avx512
 #define kva__dot_f32 kva__dot_f32_avx2
@@ -2300,6 +2495,9 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__WIDE_ROWS (KVA__MAXROWS + 1)        /* no pass is this wide */
 #define kva__vacc_tile_isa kva__vacc_tile_avx2
 #define kva__idot_tile_isa kva__idot_tile_avx2
+#define kva__ilv4_isa kva__ilv4_avx2
+#define kva__iprod_isa kva__iprod_avx2
+#define KVA__IV_ROWS 2 /* 8 accumulators of 16 registers */
 #define kva__exp_sub_sum kva__exp_sub_sum_avx2
 #define kva__scale_max kva__scale_max_avx2
 #define kva__dot_f32 kva__dot_f32_avx2
@@ -2314,6 +2512,9 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__WIDE_ROWS (KVA__MAXROWS + 1)        /* no pass is this wide */
 #define kva__vacc_tile_isa kva__vacc_tile_neon
 #define kva__idot_tile_isa kva__idot_tile_neon /* SDOT, or its widening twin */
+#define kva__ilv4_isa kva__ilv4_neon
+#define kva__iprod_isa kva__iprod_neon /* UDOT, or its widening twin */
+#define KVA__IV_ROWS 2
 #define kva__exp_sub_sum kva__exp_sub_sum_neon
 #define kva__scale_max kva__scale_max_neon
 #define kva__dot_f32 kva__dot_f32_neon
@@ -2328,6 +2529,9 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__WIDE_ROWS (KVA__MAXROWS + 1)        /* no pass is this wide */
 #define kva__vacc_tile_isa kva__vacc_tile_scalar
 #define kva__idot_tile_isa kva__idot_tile_scalar
+#define kva__ilv4_isa kva__ilv4_scalar
+#define kva__iprod_isa kva__iprod_scalar
+#define KVA__IV_ROWS 4
 #define kva__exp_sub_sum kva__exp_sub_sum_scalar
 #define kva__scale_max kva__scale_max_scalar
 #define kva__dot_f32 kva__dot_f32_scalar
@@ -2434,6 +2638,100 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
   if (t == KVA_INT8) kva__idot_tile_i8(q, nr, krows, nk, d, scores, lds, next);
   else kva__idot_tile_i4(q, nr, krows, nk, d, scores, lds, next);
 }
+
+/* Integer values: the probability codes of one row over nk keys from
+   weights w (p_j times the key's scale, the scale of its group for INT4),
+   zero past nk up to a multiple of 4; returns W / 255 (NaN when a weight
+   is NaN: the row's output becomes NaN, as the float path's would). */
+static inline float kva__iv_codes(const float *w, int nk, uint8_t *u) {
+  float top = 0.0f, inv;
+  int j, nan = 0;
+  for (j = 0; j < nk; j++) {
+    nan |= !(w[j] >= 0.0f && w[j] <= FLT_MAX);
+    top = w[j] > top ? w[j] : top;
+  }
+  memset(u, 0, (size_t)((nk + 3) & ~3));
+  if (nan) return NAN;
+  if (top == 0.0f) return 0.0f;
+  inv = 255.0f / top;
+  for (j = 0; j < nk; j++) {
+    float x = w[j] * inv;
+    u[j] = (uint8_t)(x >= 255.0f ? 255 : (int)(x + 0.5f));
+  }
+  return top / 255.0f;
+}
+KVA__FORCEINLINE void kva__iprod_rows(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu, int nr,
+                                      const int i4) {
+  switch (nr) {
+    case 1: kva__iprod_isa(out, ilv, nk4, u, ldu, 1, i4); break;
+#if KVA__IV_ROWS >= 2
+    case 2: kva__iprod_isa(out, ilv, nk4, u, ldu, 2, i4); break;
+#endif
+#if KVA__IV_ROWS >= 4
+    case 3: kva__iprod_isa(out, ilv, nk4, u, ldu, 3, i4); break;
+    case 4: kva__iprod_isa(out, ilv, nk4, u, ldu, 4, i4); break;
+#endif
+    default: KVATTN_ASSERT(0); break;
+  }
+}
+/* acc_r += the tile's values weighted by p (rows r < nr <= KVA__MAXROWS,
+   p[r * ldp + j], keys j < nk <= KVA__TILE) with integer products: the
+   function stated at the scalar twins. Steps of KVA__IV_CH channels; a
+   last, narrower step reads its keys' codes through a zero-padded copy. */
+KVA__FORCEINLINE void kva__ivacc_tile_with(const int i4, float *const *acc, int nr, const float *p, int ldp,
+                                           const void *const *vrows, int nk, int dv) {
+  uint8_t KVA__ALIGN(64) ilv[KVA__TILE * KVA__IV_CH];
+  uint8_t KVA__ALIGN(64) u[KVA__MAXROWS * KVA__TILE];
+  uint8_t pad[KVA__TILE + 3][KVA__IV_CH];
+  float KVA__ALIGN(64) prod[KVA__IV_ROWS * KVA__IV_CH];
+  float w[KVA__TILE], unit[KVA__MAXROWS], gmin[KVA__TILE], gsc[KVA__TILE], msum[KVA__MAXROWS];
+  const uint8_t *src[KVA__TILE + 3];
+  const int nk4 = (nk + 3) & ~3;
+  int c0, r, j, c;
+  if (!i4) /* one scale per key: the codes serve every channel */
+    for (r = 0; r < nr; r++) {
+      for (j = 0; j < nk; j++) w[j] = p[r * ldp + j] * kva__row_scale(KVA_INT8, vrows[j], 1.0f);
+      unit[r] = kva__iv_codes(w, nk, u + r * KVA__TILE);
+      msum[r] = 0.0f;
+    }
+  for (c0 = 0; c0 < dv; c0 += KVA__IV_CH) {
+    const int n = dv - c0 < KVA__IV_CH ? dv - c0 : KVA__IV_CH;
+    for (j = 0; j < nk; j++)
+      src[j] = i4 ? kva__i4_group(vrows[j], c0, &gsc[j], &gmin[j]) : (const uint8_t *)vrows[j] + c0;
+    if (n < KVA__IV_CH) { /* the row ends inside the step */
+      memset(pad, 0, sizeof pad);
+      for (j = 0; j < nk; j++) memcpy(pad[j], src[j], i4 ? (size_t)(n + 1) / 2 : (size_t)n), src[j] = pad[j];
+    }
+    for (j = nk; j < nk4; j++) src[j] = src[0]; /* keys with code 0 */
+    if (i4) /* each group has its own scales: its own codes */
+      for (r = 0; r < nr; r++) {
+        float m = 0.0f;
+        for (j = 0; j < nk; j++) {
+          w[j] = p[r * ldp + j] * gsc[j];
+          m += p[r * ldp + j] * gmin[j];
+        }
+        unit[r] = kva__iv_codes(w, nk, u + r * KVA__TILE);
+        msum[r] = m;
+      }
+    for (j = 0; j < nk4; j += 4) kva__ilv4_isa(ilv + (size_t)j * KVA__IV_CH, src + j, i4);
+    for (r = 0; r < nr; r += KVA__IV_ROWS) {
+      const int rows = nr - r < KVA__IV_ROWS ? nr - r : KVA__IV_ROWS;
+      int rr;
+      kva__iprod_rows(prod, ilv, nk4, u + r * KVA__TILE, KVA__TILE, rows, i4);
+      for (rr = 0; rr < rows; rr++) {
+        float *a = acc[r + rr] + c0;
+        const float f = unit[r + rr], m = msum[r + rr], *x = prod + rr * KVA__IV_CH;
+        for (c = 0; c < n; c++) a[c] += f * x[c] + m;
+      }
+    }
+  }
+}
+static inline void kva__ivacc_tile(kva_dtype t, float *const *acc, int nr, const float *p, int ldp,
+                                   const void *const *vrows, int nk, int dv) {
+  if (t == KVA_INT4) kva__ivacc_tile_with(1, acc, nr, p, ldp, vrows, nk, dv);
+  else kva__ivacc_tile_with(0, acc, nr, p, ldp, vrows, nk, dv);
+}
+KVA__FORCEINLINE int kva__int_valued(kva_dtype vt) { return vt == KVA_INT8 || vt == KVA_INT4; }
 
 /* ======================================================================
    [5] quantization: FP8 bulk conversions and scale calibration, INT8 and
@@ -3115,11 +3413,14 @@ static inline void kva__attend_rows_with(const kva__pass *ps, const kva__qrow *i
         }
         l[t] += kva__exp_sub_sum(s, nk, m[t]);
       }
-      for (t = t0; t < t0 + nrows; t += KVA__NR) {
-        int nr = t0 + nrows - t < KVA__NR ? t0 + nrows - t : KVA__NR;
-        kva__vacc_tile(w->vt, acc + t, nr, scores + t * KVA__TILE, KVA__TILE, vrows, nk, P->DV,
-                       kva__view_scale(w->v_fp8_scale, g + hh));
-      }
+      if (P->int_values && kva__int_valued(w->vt))
+        kva__ivacc_tile(w->vt, acc + t0, nrows, scores + t0 * KVA__TILE, KVA__TILE, vrows, nk, P->DV);
+      else
+        for (t = t0; t < t0 + nrows; t += KVA__NR) {
+          int nr = t0 + nrows - t < KVA__NR ? t0 + nrows - t : KVA__NR;
+          kva__vacc_tile(w->vt, acc + t, nr, scores + t * KVA__TILE, KVA__TILE, vrows, nk, P->DV,
+                         kva__view_scale(w->v_fp8_scale, g + hh));
+        }
       if (hh + 1 < ng) { /* the next head reads the rows just prefetched */
         krows = head_k[hh % 2];
         vrows = head_v[hh % 2];
