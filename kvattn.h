@@ -1762,12 +1762,15 @@ KVA__FORCEINLINE __m256i kva__iv_bcast4_avx2(const uint8_t *u) {
 }
 #define KVA__IV_INIT_AVX2(r, c) __m256i a##r##c = _mm256_setzero_si256();
 #define KVA__IV_DP_AVX2(r, c) if (nr > r) a##r##c = kva__iv_dp_avx2(a##r##c, u##r, x##c, i4);
-#define KVA__IV_OUT_AVX2(r)                                                                            \
-  if (nr > r) {                                                                                        \
-    _mm256_storeu_ps(out + r * KVA__IV_CH, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##0, a##r##1, 0x20))); \
-    _mm256_storeu_ps(out + r * KVA__IV_CH + 8, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##2, a##r##3, 0x20))); \
-    _mm256_storeu_ps(out + r * KVA__IV_CH + 16, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##0, a##r##1, 0x31))); \
-    _mm256_storeu_ps(out + r * KVA__IV_CH + 24, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##2, a##r##3, 0x31))); \
+/* row r's sums, vectors a<r>0 .. a<r>3 in the interleave's order, into out in channel order */
+#define KVA__IV_OUT_ORDER_AVX2(r, a)                                                                          \
+  _mm256_storeu_ps(out + r * KVA__IV_CH, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##0, a##r##1, 0x20)));      \
+  _mm256_storeu_ps(out + r * KVA__IV_CH + 8, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##2, a##r##3, 0x20)));  \
+  _mm256_storeu_ps(out + r * KVA__IV_CH + 16, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##0, a##r##1, 0x31))); \
+  _mm256_storeu_ps(out + r * KVA__IV_CH + 24, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a##r##2, a##r##3, 0x31)));
+#define KVA__IV_OUT_AVX2(r) \
+  if (nr > r) {             \
+    KVA__IV_OUT_ORDER_AVX2(r, a) \
   }
 KVA__FORCEINLINE void kva__iprod_avx2(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu,
                                       const int nr, const int i4) {
@@ -2060,6 +2063,44 @@ KVA__FORCEINLINE void kva__kt_fill_avx512(const kva_dtype t, const void *const *
     }
   }
 }
+
+/* Integer values over 512 bits (with AVX512-VNNI): the AVX2 interleave's
+   vectors 0-1 and 2-3 as one register each, two vpdpbusd per row and step
+   (EVEX: the 32 registers hold 8 accumulators and the operands), split
+   back into the AVX2 order for its output. */
+#if defined(__AVX512VNNI__)
+#define KVA__IV_INIT_AVX512(r) __m512i a##r##0 = _mm512_setzero_si512(), a##r##1 = _mm512_setzero_si512();
+#define KVA__IV_DP_AVX512(r)                                                      \
+  if (nr > r) {                                                                   \
+    const __m512i u = _mm512_set1_epi32(kva__iv_u4(ur + r * ldu + j));            \
+    a##r##0 = _mm512_dpbusd_epi32(a##r##0, u, x0);                                \
+    a##r##1 = _mm512_dpbusd_epi32(a##r##1, u, x1);                                \
+  }
+#define KVA__IV_OUT_AVX512(r)                                                                               \
+  if (nr > r) {                                                                                             \
+    const __m256i b##r##0 = _mm512_castsi512_si256(a##r##0), b##r##1 = _mm512_extracti64x4_epi64(a##r##0, 1); \
+    const __m256i b##r##2 = _mm512_castsi512_si256(a##r##1), b##r##3 = _mm512_extracti64x4_epi64(a##r##1, 1); \
+    KVA__IV_OUT_ORDER_AVX2(r, b)                                                                            \
+  }
+KVA__FORCEINLINE int32_t kva__iv_u4(const uint8_t *u) {
+  int32_t v;
+  memcpy(&v, u, sizeof v);
+  return v;
+}
+KVA__FORCEINLINE void kva__iprod_avx512(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu,
+                                        const int nr, const int i4) {
+  const uint8_t *ur = u;
+  int j;
+  KVA__IV_INIT_AVX512(0) KVA__IV_INIT_AVX512(1) KVA__IV_INIT_AVX512(2) KVA__IV_INIT_AVX512(3)
+  (void)i4; /* the products are exact for both */
+  for (j = 0; j < nk4; j += 4, ilv += KVA__IV_BYTES) {
+    const __m512i x0 = _mm512_loadu_si512((const void *)ilv), x1 = _mm512_loadu_si512((const void *)(ilv + 64));
+    KVA__IV_DP_AVX512(0) KVA__IV_DP_AVX512(1) KVA__IV_DP_AVX512(2) KVA__IV_DP_AVX512(3)
+  }
+  KVA__IV_OUT_AVX512(0) KVA__IV_OUT_AVX512(1) KVA__IV_OUT_AVX512(2) KVA__IV_OUT_AVX512(3)
+}
+#endif
+
 /* scores of keys 16c .. 16c+15 (those < nk) of one row: this chunk's sum s */
 KVA__FORCEINLINE void kva__wstore_avx512(float *dst, __mmask16 m, __m512 s, int first, const float *ks) {
   if (!first) s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), s);
@@ -2479,8 +2520,12 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define kva__vacc_tile_isa kva__vacc_tile_avx512
 #define kva__idot_tile_isa kva__idot_tile_avx2 /* 256-bit, VNNI through VL */
 #define kva__ilv4_isa kva__ilv4_avx2
+#if defined(__AVX512VNNI__)
+#define kva__iprod_isa kva__iprod_avx512
+#else
 #define kva__iprod_isa kva__iprod_avx2
-#define KVA__IV_ROWS 4 /* 16 accumulators of 32 registers */
+#endif
+#define KVA__IV_ROWS 4 /* 16 (or 8) accumulators of 32 registers */
 #define kva__exp_sub_sum kva__exp_sub_sum_avx512
 #define kva__scale_max kva__scale_max_avx512
 #define kva__dot_f32 kva__dot_f32_avx2
@@ -2639,24 +2684,25 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
   else kva__idot_tile_i4(q, nr, krows, nk, d, scores, lds, next);
 }
 
-/* Integer values: the probability codes of one row over nk keys from
+/* Integer values: the probability codes of one row over nk keys from its
    weights w (p_j times the key's scale, the scale of its group for INT4),
-   zero past nk up to a multiple of 4; returns W / 255 (NaN when a weight
-   is NaN: the row's output becomes NaN, as the float path's would). */
-static inline float kva__iv_codes(const float *w, int nk, uint8_t *u) {
-  float top = 0.0f, inv;
-  int j, nan = 0;
-  for (j = 0; j < nk; j++) {
-    nan |= !(w[j] >= 0.0f && w[j] <= FLT_MAX);
-    top = w[j] > top ? w[j] : top;
+   zero past nk up to a multiple of 4; returns W / 255. Loops the compiler
+   vectorises; the largest weight through the ISA's scale_max. A NaN weight
+   (a NaN query) codes as 0: the row's sum of probabilities is NaN already,
+   and so is its output. */
+static inline float kva__iv_codes(float *w, int nk, uint8_t *u) {
+  float top = kva__scale_max(w, nk, 1.0f), inv;
+  int j;
+  memset(u + nk, 0, (size_t)(((nk + 3) & ~3) - nk));
+  if (!(top > 0.0f)) { /* all zero (or NaN) */
+    memset(u, 0, (size_t)nk);
+    return top == 0.0f ? 0.0f : NAN;
   }
-  memset(u, 0, (size_t)((nk + 3) & ~3));
-  if (nan) return NAN;
-  if (top == 0.0f) return 0.0f;
   inv = 255.0f / top;
   for (j = 0; j < nk; j++) {
-    float x = w[j] * inv;
-    u[j] = (uint8_t)(x >= 255.0f ? 255 : (int)(x + 0.5f));
+    float x = w[j] * inv + 0.5f;
+    x = x < 255.0f ? x : 255.0f;
+    u[j] = (uint8_t)(int)(x > 0.0f ? x : 0.0f);
   }
   return top / 255.0f;
 }
@@ -2684,20 +2730,24 @@ KVA__FORCEINLINE void kva__ivacc_tile_with(const int i4, float *const *acc, int 
   uint8_t KVA__ALIGN(64) u[KVA__MAXROWS * KVA__TILE];
   uint8_t pad[KVA__TILE + 3][KVA__IV_CH];
   float KVA__ALIGN(64) prod[KVA__IV_ROWS * KVA__IV_CH];
-  float w[KVA__TILE], unit[KVA__MAXROWS], gmin[KVA__TILE], gsc[KVA__TILE], msum[KVA__MAXROWS];
+  float KVA__ALIGN(64) w[KVA__TILE];
+  float unit[KVA__MAXROWS], gmin[KVA__TILE], sc[KVA__TILE], msum[KVA__MAXROWS];
   const uint8_t *src[KVA__TILE + 3];
   const int nk4 = (nk + 3) & ~3;
   int c0, r, j, c;
-  if (!i4) /* one scale per key: the codes serve every channel */
+  if (!i4) { /* one scale per key: the codes serve every channel */
+    for (j = 0; j < nk; j++) sc[j] = kva__row_scale(KVA_INT8, vrows[j], 1.0f);
     for (r = 0; r < nr; r++) {
-      for (j = 0; j < nk; j++) w[j] = p[r * ldp + j] * kva__row_scale(KVA_INT8, vrows[j], 1.0f);
+      const float *pr = p + r * ldp;
+      for (j = 0; j < nk; j++) w[j] = pr[j] * sc[j];
       unit[r] = kva__iv_codes(w, nk, u + r * KVA__TILE);
       msum[r] = 0.0f;
     }
+  }
   for (c0 = 0; c0 < dv; c0 += KVA__IV_CH) {
     const int n = dv - c0 < KVA__IV_CH ? dv - c0 : KVA__IV_CH;
     for (j = 0; j < nk; j++)
-      src[j] = i4 ? kva__i4_group(vrows[j], c0, &gsc[j], &gmin[j]) : (const uint8_t *)vrows[j] + c0;
+      src[j] = i4 ? kva__i4_group(vrows[j], c0, &sc[j], &gmin[j]) : (const uint8_t *)vrows[j] + c0;
     if (n < KVA__IV_CH) { /* the row ends inside the step */
       memset(pad, 0, sizeof pad);
       for (j = 0; j < nk; j++) memcpy(pad[j], src[j], i4 ? (size_t)(n + 1) / 2 : (size_t)n), src[j] = pad[j];
@@ -2705,13 +2755,10 @@ KVA__FORCEINLINE void kva__ivacc_tile_with(const int i4, float *const *acc, int 
     for (j = nk; j < nk4; j++) src[j] = src[0]; /* keys with code 0 */
     if (i4) /* each group has its own scales: its own codes */
       for (r = 0; r < nr; r++) {
-        float m = 0.0f;
-        for (j = 0; j < nk; j++) {
-          w[j] = p[r * ldp + j] * gsc[j];
-          m += p[r * ldp + j] * gmin[j];
-        }
+        const float *pr = p + r * ldp;
+        for (j = 0; j < nk; j++) w[j] = pr[j] * sc[j];
         unit[r] = kva__iv_codes(w, nk, u + r * KVA__TILE);
-        msum[r] = m;
+        msum[r] = kva__dot_f32(pr, gmin, nk);
       }
     for (j = 0; j < nk4; j += 4) kva__ilv4_isa(ilv + (size_t)j * KVA__IV_CH, src + j, i4);
     for (r = 0; r < nr; r += KVA__IV_ROWS) {

@@ -225,8 +225,9 @@ void quality_dtypes(const opts *o, const machine *m) {
 /* The summary's accuracy column: GQA decode (o->H, o->G, o->D, n_q=1) over n tokens of
    outlier-channel keys (the outlier-K pattern), T random queries; per dtype the relative RMS error
    of the output against the same K/V stored as f32 (FP8 scales by vLLM's rule, as in the dtypes
-   part). rel[i] < 0: not measured (the error is reported and counted as a failure). */
-void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_scores, const int *rotate, int n_dt,
+   part). int_ops[i]: INT_SCORES and / or INT_VALUES (kva_attn.int_scores, int_values), or NULL.
+   rel[i] < 0: not measured (the error is reported and counted as a failure). */
+void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_ops, const int *rotate, int n_dt,
                           long n, int T, double *rel) {
   shape s = variant_shape(V_GQA, o->H, o->G, o->D);
   kva_attn a = shape_attn(&s, 1);
@@ -251,10 +252,11 @@ void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_sc
     rel[di] = -1;
     if (st != KVA_OK) continue;
     kva_attn ai = a;
-    progress("accuracy: %s%s%s", kva_dtype_name(dts[di]), int_scores && int_scores[di] ? "+iq" : "",
-             rotate && rotate[di] ? " rot" : "");
+    progress("accuracy: %s%s%s%s", kva_dtype_name(dts[di]), int_ops && int_ops[di] & INT_SCORES ? "+iq" : "",
+             int_ops && int_ops[di] & INT_VALUES ? "+iv" : "", rotate && rotate[di] ? " rot" : "");
     c = NULL;
-    ai.int_scores = int_scores ? int_scores[di] : 0;
+    ai.int_scores = int_ops && int_ops[di] & INT_SCORES ? 1 : 0;
+    ai.int_values = int_ops && int_ops[di] & INT_VALUES ? 1 : 0;
     g_build_rotate = rotate ? rotate[di] : 0;
     st = build_cache(&s, dts[di], n, 1, 16, 0, kmax / 200.0f, vmax / 100.0f, k, v, &rng, &c, &seq);
     g_build_rotate = 0;

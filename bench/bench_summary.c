@@ -18,18 +18,28 @@ static double dtype_target(kva_dtype dt) {
   return dt == KVA_INT8 ? 0.50 : dt == KVA_INT4 ? 0.35 : (dt == KVA_FP8_E4M3 || dt == KVA_FP8_E5M2) ? 0.75 : 0;
 }
 
-/* GQA decode (o->H, o->G, o->D), 1 thread, cold caches, at the largest --ctx: f16, int8 and
-   int4 with float and with integer scores (kva_attn.int_scores), fp8_e4m3, fp8_e5m2, timed in
-   turns (time_interleaved) so that their ratios share the machine's conditions. Rows: section
-   decode_dtype. */
-enum { ND = 9 };
-static const kva_dtype dts[ND] = {KVA_F16,      KVA_INT8,     KVA_INT8, KVA_INT4, KVA_INT4,
-                                  KVA_FP8_E4M3, KVA_FP8_E5M2, KVA_INT8, KVA_INT4};
-static const int int_scores[ND] = {0, 0, 1, 0, 1, 0, 0, 1, 1};
-static const int rotate[ND] = {0, 0, 0, 0, 0, 0, 0, KVA_ROTATE_K | KVA_ROTATE_V, KVA_ROTATE_K | KVA_ROTATE_V};
-static void run_dtype_block(const opts *o, const machine *m, rows *t) {
+/* GQA decode (o->H, o->G, o->D), 1 thread, timed in turns (time_interleaved) so that their
+   ratios share the machine's conditions: f16; int8 and int4 with float scores, integer scores
+   (kva_attn.int_scores) and integer scores and values (kva_attn.int_values); fp8_e4m3, fp8_e5m2;
+   int8 and int4 rotated. Twice: cold at the largest --ctx (the bytes count: the byte ratio is the
+   floor), and warm over WARM_CTX keys, which stay in the caches (the arithmetic counts: the
+   kernels' own cost per key). Rows: section decode_dtype. */
+enum { ND = 11 };
+#define IQ INT_SCORES
+#define IV INT_VALUES
+#define WARM_CTX 2048
+static const kva_dtype dts[ND] = {KVA_F16,  KVA_INT8,     KVA_INT8,     KVA_INT8, KVA_INT4, KVA_INT4,
+                                  KVA_INT4, KVA_FP8_E4M3, KVA_FP8_E5M2, KVA_INT8, KVA_INT4};
+static const int int_ops[ND] = {0, 0, IQ, IQ | IV, 0, IQ, IQ | IV, 0, 0, IQ, IQ};
+static const int rotate[ND] = {0, 0, 0, 0, 0, 0, 0, 0, 0, KVA_ROTATE_K | KVA_ROTATE_V, KVA_ROTATE_K | KVA_ROTATE_V};
+/* the time goal of a row against f16's: its bytes and the arithmetic left beside them */
+static double row_target(int i) {
+  if (rotate[i]) return 0;
+  if (int_ops[i] & IV) return dts[i] == KVA_INT8 ? 0.55 : 0.40;
+  return dtype_target(dts[i]);
+}
+static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, int cold) {
   shape s = variant_shape(V_GQA, o->H, o->G, o->D);
-  long ctx = 0;
   kva_cache *c[ND];
   kva_status st[ND];
   call_ctx x[ND];
@@ -38,11 +48,9 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
   int seq[ND], i, j, n = 0, idx[ND];
   uint64_t rng = o->seed + 5;
   float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
-  for (i = 0; i < o->n_ctx; i++)
-    if (o->ctx[i] > ctx) ctx = o->ctx[i];
   for (i = 0; i < ND; i++) {
     c[i] = NULL;
-    if (int_scores[i] && i > 0 && dts[i - 1] == dts[i] && rotate[i - 1] == rotate[i]) { /* the same cache */
+    if (int_ops[i] && i > 0 && dts[i - 1] == dts[i] && rotate[i - 1] == rotate[i]) { /* the same cache */
       st[i] = st[i - 1], seq[i] = seq[i - 1];
     } else {
       progress("decode per dtype: %s%s ctx=%ld, filling the cache", kva_dtype_name(dts[i]), rotate[i] ? " rotated" : "",
@@ -53,32 +61,36 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
     }
     if (st[i] != KVA_OK) continue;
     memset(&x[n], 0, sizeof x[n]);
-    x[n].c = c[i] ? c[i] : c[i - 1];
+    for (j = i; !c[j]; j--) {} /* the row that built this cache */
+    x[n].c = c[j];
     x[n].seq = seq[i];
     x[n].a = shape_attn(&s, 1);
-    x[n].a.int_scores = int_scores[i];
+    x[n].a.int_scores = int_ops[i] & IQ ? 1 : 0;
+    x[n].a.int_values = int_ops[i] & IV ? 1 : 0;
     x[n].q = q;
     x[n].n_q = 1;
     x[n].out = out;
     f[n] = call_cache;
     idx[n++] = i;
   }
-  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, cold", ctx, n);
-  if (n) time_interleaved(f, x, n, 1, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
+  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, %s", ctx, n, cold ? "cold" : "warm");
+  if (n) time_interleaved(f, x, n, cold, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
   progress_end();
   for (i = 0; i < ND; i++) {
     row *w = rows_add(t, "decode_dtype");
     timing *ti = NULL, *base = NULL;
-    double tgt = rotate[i] ? 0 : dtype_target(dts[i]);
+    double tgt = cold ? row_target(i) : 0;
     for (j = 0; j < n; j++) {
       if (idx[j] == i) ti = &tm[j];
       if (dts[idx[j]] == KVA_F16 && tm[j].st == KVA_OK) base = &tm[j];
     }
     set_shape_cols(w, &s, dts[i]);
-    if (int_scores[i]) rs(w, C_DTYPE, "%s+iq%s", kva_dtype_name(dts[i]), rotate[i] ? " rot" : "");
+    if (int_ops[i])
+      rs(w, C_DTYPE, "%s%s%s%s", kva_dtype_name(dts[i]), int_ops[i] & IQ ? "+iq" : "", int_ops[i] & IV ? "+iv" : "",
+         rotate[i] ? " rot" : "");
     rn(w, C_CTX, (double)ctx);
     rn(w, C_THREADS, 1);
-    rs(w, C_MODE, "cold");
+    rs(w, C_MODE, cold ? "cold" : "warm");
     rn(w, C_NQ, 1);
     rn(w, C_BLOCK, 16);
     if (st[i] != KVA_OK || !ti || ti->st != KVA_OK) {
@@ -95,6 +107,8 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
     set_base_timing(w, base);
     rn(w, C_RATIO, ti->med / base->med);
     rn(w, C_RATIOMIN, ti->mn / base->mn);
+    rn(w, C_BRATIO, (double)shape_bpt(&s, dts[i]) / (double)shape_bpt(&s, KVA_F16));
+    rn(w, C_TBRATIO, ti->med / base->med / ((double)shape_bpt(&s, dts[i]) / (double)shape_bpt(&s, KVA_F16)));
     if (tgt > 0) {
       int met = ti->med / base->med <= tgt;
       rn(w, C_EXPECTED, tgt);
@@ -103,7 +117,8 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t) {
     }
     rs(w, C_NOTE, "%s", dts[i] == KVA_F16 ? "the base"
                         : rotate[i] ? "K and V rotated (kva_cache_desc.rotate), integer scores"
-                        : int_scores[i] ? "integer scores: int8 query codes (kva_attn.int_scores = 1)"
+                        : int_ops[i] & IV ? "integer scores and values: 8-bit probability codes (int_values = 1)"
+                        : int_ops[i] ? "integer scores: int8 query codes (kva_attn.int_scores = 1)"
                         : dts[i] == KVA_INT8 ? "1 B/value + an fp32 scale per token and KV head"
                         : dts[i] == KVA_INT4 ? "4 bits/value + an fp32 scale and minimum per 32 values"
                                              : "1 B/value, tensor scale 1.0 (timing does not depend on it)");
@@ -366,17 +381,18 @@ static size_t row_bytes(kva_dtype dt, int dim) {
 }
 
 static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
-  static const vcol v_full[] = {{C_DTYPE, "dtype", FM_STR},       {C_BPTL, "B/token/layer", FM_SEP},
-                                {C_TMED, "ms", FM_MS},            {C_TMIN, "ms min-max", FM_RANGE},
-                                {C_GBPS, "GB/s", FM_F1},          {C_BWRATIO, "/BW", FM_X},
-                                {C_RATIO, "vs f16", FM_X},        {C_RATIOMIN, "(min)", FM_X},
-                                {C_PASS, "speed goal", FM_STR},   {C_RELRMS, "out err vs f32", FM_E},
-                                {C_NOTE, "note", FM_STR}};
-  static const vcol v_screen[] = {{C_DTYPE, "dtype", FM_STR},     {C_BPTL, "B/token/layer", FM_SEP},
-                                  {C_TMED, "ms", FM_MS},          {C_GBPS, "GB/s", FM_F1},
-                                  {C_BWRATIO, "/BW", FM_X},       {C_RATIO, "vs f16", FM_X},
-                                  {C_PASS, "speed goal", FM_STR}, {C_RELRMS, "out err vs f32", FM_E},
-                                  {C_NOTE, "note", FM_STR}};
+  static const vcol v_full[] = {{C_DTYPE, "dtype", FM_STR},       {C_MODE, "mode", FM_STR},
+                                {C_BPTL, "B/token/layer", FM_SEP}, {C_TMED, "ms", FM_MS},
+                                {C_TMIN, "ms min-max", FM_RANGE}, {C_GBPS, "GB/s", FM_F1},
+                                {C_BWRATIO, "/BW", FM_X},         {C_RATIO, "vs f16", FM_X},
+                                {C_RATIOMIN, "(min)", FM_X},      {C_BRATIO, "bytes", FM_X},
+                                {C_TBRATIO, "/bytes", FM_X},      {C_PASS, "speed goal", FM_STR},
+                                {C_RELRMS, "out err vs f32", FM_E}, {C_NOTE, "note", FM_STR}};
+  static const vcol v_screen[] = {{C_DTYPE, "dtype", FM_STR},     {C_MODE, "mode", FM_STR},
+                                  {C_TMED, "ms", FM_MS},          {C_BWRATIO, "/BW", FM_X},
+                                  {C_RATIO, "vs f16", FM_X},      {C_BRATIO, "bytes", FM_X},
+                                  {C_TBRATIO, "/bytes", FM_X},    {C_PASS, "speed goal", FM_STR},
+                                  {C_RELRMS, "out err vs f32", FM_E}, {C_NOTE, "note", FM_STR}};
   const vcol *v = o->full ? v_full : v_screen;
   int n_all = o->full ? NV(v_full) : NV(v_screen), nv = n_all - 1; /* the note column only for a failure to show */
   char title[1200], ctxs[32], ectx[32];
@@ -403,12 +419,14 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   fmt_sep(t->n ? t->r[0].num[C_CTX] : 0, ctxs, sizeof ctxs);
   fmt_sep((double)err_ctx, ectx, sizeof ectx);
   snprintf(title, sizeof title,
-           "Decode per storage dtype: GQA (H=%d G=%d D=%d), %s tokens, 1 thread, cold, timed in turns.\n"
-           "  vs f16 = median time / f16's; speed goal = a ratio to aim at, not a check (bytes per row of %d:\n"
-           "  int8 %zu, int4 %zu, fp8 %d, f16 %d). +iq = integer scores, rot = K and V rotated. out err =\n"
+           "Decode per storage dtype: GQA (H=%d G=%d D=%d), 1 thread, timed in turns: cold at %s tokens\n"
+           "  (bytes bound), then warm at %d (arithmetic bound). vs f16 = median time / f16's; bytes = KV bytes /\n"
+           "  f16's; /bytes = vs f16 / bytes (1.00: at the byte ratio); speed goal = a ratio to aim at, not a\n"
+           "  check (bytes per row of %d: int8 %zu, int4 %zu, fp8 %d, f16 %d). +iq = integer scores, +iv =\n"
+           "  integer values, rot = K and V rotated. out err =\n"
            "  relative RMS error of the output against the same K/V stored as f32 (%s tokens with outlier\n"
            "  key channels; fp8 scales max|k|/200, max|v|/100 as vLLM's rule)",
-           o->H, o->G, o->D, ctxs, o->D, i8b, i4b, o->D, 2 * o->D, ectx);
+           o->H, o->G, o->D, ctxs, WARM_CTX, o->D, i8b, i4b, o->D, 2 * o->D, ectx);
   print_table(title, v, nv, &d, -1);
   rows_free(&d);
 }
@@ -423,11 +441,12 @@ void summary_speed(const opts *o, const machine *m) {
   print_decode_lines(&t, o);
   emit_rows(&t);
   rows_free(&t);
-  run_dtype_block(o, m, &t);
-  /* every row's own configuration (integer scores, rotation), so that rotation's effect shows */
-  quality_dtype_errors(o, dts, int_scores, rotate, ND, err_ctx, o->quick ? 2 : 4, err);
+  run_dtype_block(o, m, &t, max_ctx(o), 1);
+  /* every row's own configuration (integer scores and values, rotation), so that their effect shows */
+  quality_dtype_errors(o, dts, int_ops, rotate, ND, err_ctx, o->quick ? 2 : 4, err);
   for (i = 0; i < t.n && i < ND; i++)
     if (err[i] >= 0) rn(&t.r[i], C_RELRMS, err[i]);
+  run_dtype_block(o, m, &t, WARM_CTX, 0);
   print_dtype_block(&t, o, err_ctx);
   emit_rows(&t);
   run_rotation_store(o);

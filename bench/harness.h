@@ -120,7 +120,7 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(KSCALE, "k_scale") X(VSCALE, "v_scale") X(METAPT, "bookkeeping_per_token")                              \
   X(METALEAN, "bookkeeping_per_token_lean")                                                                 \
   X(STREAMBPT, "stream_bytes_per_token") X(STREAMOVER, "stream_over_cache_bytes")                           \
-  X(NDEPTH, "needle_depth") X(NDL1, "needle_single") X(NDL2, "needle_multi")                             \
+  X(BRATIO, "bytes_vs_base") X(TBRATIO, "time_over_bytes_vs_base") X(NDEPTH, "needle_depth") X(NDL1, "needle_single") X(NDL2, "needle_multi")                             \
   X(SOURCE, "source") X(NOTE, "note")
 
 #define X_ENUM(id, name) C_##id,
@@ -381,7 +381,9 @@ void rows_sort_series(rows *t);
 /* bench_mla.c */
 void cmd_mla(int quick);
 /* bench_quality.c */
-void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_scores, const int *rotate, int n_dt,
+/* int_ops flags of a configuration: kva_attn.int_scores, kva_attn.int_values */
+enum { INT_SCORES = 1, INT_VALUES = 2 };
+void quality_dtype_errors(const opts *o, const kva_dtype *dts, const int *int_ops, const int *rotate, int n_dt,
                           long n, int T, double *rel);
 /* bench_summary.c */
 void summary_speed(const opts *o, const machine *m);
