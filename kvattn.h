@@ -2688,23 +2688,25 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
    weights w (p_j times the key's scale, the scale of its group for INT4),
    zero past nk up to a multiple of 4; returns W / 255. Loops the compiler
    vectorises; the largest weight through the ISA's scale_max. A NaN weight
-   (a NaN query) codes as 0: the row's sum of probabilities is NaN already,
-   and so is its output. */
+   (a NaN query) codes as 0 and makes the returned factor NaN, so that the
+   row's output is NaN, as the float path's would be. */
 static inline float kva__iv_codes(float *w, int nk, uint8_t *u) {
   float top = kva__scale_max(w, nk, 1.0f), inv;
-  int j;
+  int j, nan = 0;
   memset(u + nk, 0, (size_t)(((nk + 3) & ~3) - nk));
   if (!(top > 0.0f)) { /* all zero (or NaN) */
     memset(u, 0, (size_t)nk);
-    return top == 0.0f ? 0.0f : NAN;
+    for (j = 0; j < nk; j++) nan |= w[j] != w[j];
+    return top == 0.0f && !nan ? 0.0f : NAN;
   }
   inv = 255.0f / top;
   for (j = 0; j < nk; j++) {
     float x = w[j] * inv + 0.5f;
+    nan |= x != x;
     x = x < 255.0f ? x : 255.0f;
     u[j] = (uint8_t)(int)(x > 0.0f ? x : 0.0f);
   }
-  return top / 255.0f;
+  return nan ? NAN : top / 255.0f;
 }
 KVA__FORCEINLINE void kva__iprod_rows(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu, int nr,
                                       const int i4) {
