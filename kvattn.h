@@ -2688,15 +2688,17 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
    weights w (p_j times the key's scale, the scale of its group for INT4),
    zero past nk up to a multiple of 4; returns W / 255. Loops the compiler
    vectorises; the largest weight through the ISA's scale_max. A NaN weight
-   (a NaN query) codes as 0 and makes the returned factor NaN, so that the
-   row's output is NaN, as the float path's would be. */
+   makes the returned factor NaN (its code does not matter then), so that
+   the row's output is NaN. */
 static inline float kva__iv_codes(float *w, int nk, uint8_t *u) {
   float top = kva__scale_max(w, nk, 1.0f), inv;
   int j, nan = 0;
   memset(u + nk, 0, (size_t)(((nk + 3) & ~3) - nk));
   if (!(top > 0.0f)) { /* all zero (or NaN) */
-    memset(u, 0, (size_t)nk);
-    for (j = 0; j < nk; j++) nan |= w[j] != w[j];
+    for (j = 0; j < nk; j++) {
+      nan |= w[j] != w[j];
+      u[j] = 0;
+    }
     return top == 0.0f && !nan ? 0.0f : NAN;
   }
   inv = 255.0f / top;
