@@ -35,6 +35,7 @@ typedef struct {
   char name[64];
   llm_cache_opts co;
   int int_scores;    /* kva_attn.int_scores of its attention calls */
+  int int_values;    /* kva_attn.int_values of its attention calls */
   kva_dtype ldt[64]; /* mixed: per-layer types (co.layer_dtype points here) */
   kva_evict ev;
   kva_cache *c;
@@ -136,6 +137,7 @@ static kva_status qm_window(const llm_model *m, llm_state *s, qm_cfg *q, const i
   int seq, done = 0;
   kva_status st;
   s->int_scores = q->int_scores;
+  s->int_values = q->int_values;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict && (st = kva_seq_set_evict(q->c, seq, &q->ev)) != KVA_OK) {
     kva_seq_free(q->c, seq);
@@ -199,6 +201,7 @@ static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokeniz
   *ok = 0;
   text[0] = 0;
   s->int_scores = q->int_scores;
+  s->int_values = q->int_values;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict) st = kva_seq_set_evict(q->c, seq, &q->ev);
   if (st == KVA_OK) {
@@ -649,6 +652,14 @@ static int qm_configurations(qm_run *R) {
       q->int_scores = 1;
       snprintf(q->name, sizeof q->name, "%s int. scores", kva_dtype_name(q->co.k_dtype));
     }
+    for (i = 0; i < 4; i++) { /* int8 and int4 with integer scores and values (kva_attn.int_values), V rotated or not */
+      qm_cfg *q = &R->cf[R->n_cfg++];
+      q->kind = QK_STORE;
+      q->co.k_dtype = q->co.v_dtype = i % 2 ? KVA_INT4 : KVA_INT8;
+      q->co.rotate = i / 2 ? KVA_ROTATE_K | KVA_ROTATE_V : 0;
+      q->int_scores = q->int_values = 1;
+      snprintf(q->name, sizeof q->name, "%s int. sc.+val.%s", kva_dtype_name(q->co.k_dtype), i / 2 ? " rot. K+V" : "");
+    }
     for (i = 0; i < 2; i++) { /* K against V: which one int4 hurts more (the other int8) */
       qm_cfg *q = &R->cf[R->n_cfg++];
       q->kind = QK_KV;
@@ -794,6 +805,7 @@ static int qm_needles(qm_run *R) {
           if (ev.n_sink + ev.n_recent > ev.budget) ev.n_recent = ev.budget - ev.n_sink;
         }
         R->st.int_scores = q->int_scores;
+        R->st.int_values = q->int_values;
         if ((cs = needle_run(&R->md, &R->st, &R->tz, q->c, q->kind == QK_EVICT ? &ev : NULL, c, &ok, NULL, 0)) !=
             KVA_OK) {
           q->bad = 1;
@@ -805,6 +817,7 @@ static int qm_needles(qm_run *R) {
       }
     }
   R->st.int_scores = 0;
+  R->st.int_values = 0;
   progress_end();
   return 1;
 }
@@ -982,6 +995,7 @@ static void qm_table(qm_run *R) {
         for (i = 0; i < R->n_cfg; i++) {
           const qm_cfg *q = &R->cf[i];
           if (q->bad) continue;
+          if (q->int_values) continue; /* (their own lines in the table) */
           if (q->kind == QK_STORE && q->co.rotate) *(q->co.k_dtype == KVA_INT4 ? &i4r : &i8r) = q;
           if (q->kind == QK_STORE && q->co.rotate) continue;
           if (q->kind == QK_STORE && q->int_scores) *(q->co.k_dtype == KVA_INT4 ? &i4q : &i8q) = q;

@@ -40,7 +40,7 @@ typedef struct {
   float fp8_k, fp8_v; /* 0: not given */
   const char *fp8_calib;
   int threads, block_size, chunk, max_batch, kv_blocks;
-  int int_scores, rotate; /* kva_attn.int_scores; kva_cache_desc.rotate */
+  int int_scores, int_values, rotate; /* kva_attn.int_scores, int_values; kva_cache_desc.rotate */
   const char *ppl, *ppl_tokens, *serve, *logits_tokens, *needle;
 } options;
 
@@ -76,6 +76,7 @@ static void usage(FILE *f) {
           "                and head), int4 (a scale and minimum per 32 values), fp8_e4m3, fp8_e5m2.\n"
           "                A comma list runs each (for --ppl)\n"
           "  --int-scores 0|1   1: over int8 / int4 keys, queries as int8 codes and integer dot products\n"
+          "  --int-values 0|1   1: over int8 / int4 values, probabilities as 8-bit codes and integer products\n"
           "  --rotate none|k|v|kv   store those rows Walsh-Hadamard rotated (spreads outlier channels)\n"
           "  --k-dtype T / --v-dtype T   K or V alone (overrides --kv-dtype for that half)\n"
           "  --layer-dtypes SPEC  per layer, K and V alike: comma-separated T or T:N; T:N takes N layers\n"
@@ -315,6 +316,7 @@ static void parse_args(int argc, char **argv, options *o) {
       else o->v_dtype = t;
     } else if (strcmp(f, "--layer-dtypes") == 0) o->layer_spec = v;
     else if (strcmp(f, "--int-scores") == 0) o->int_scores = parse_int(f, v, 0, 1);
+    else if (strcmp(f, "--int-values") == 0) o->int_values = parse_int(f, v, 0, 1);
     else if (strcmp(f, "--rotate") == 0) {
       if (strcmp(v, "none") == 0) o->rotate = 0;
       else if (strcmp(v, "k") == 0) o->rotate = KVA_ROTATE_K;
@@ -615,6 +617,7 @@ static void generate(const options *o, config *c, int steps) {
   cache = make_cache(c, llm_blocks_for(&c->cache, (long)steps + 1), 2);
   if (!llm_state_init(&st, &model, n_prompt < 512 ? n_prompt : 512, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
+  st.int_values = o->int_values;
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted (budget %d, sinks %d, recent %d)", c->evict->text, ev.budget, ev.n_sink, ev.n_recent);
@@ -692,6 +695,7 @@ static void chat(const options *o, config *c, int steps) {
   cache = make_cache(c, llm_blocks_for(&c->cache, (long)steps + 1), 2);
   if (!llm_state_init(&st, &model, 512, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
+  st.int_values = o->int_values;
   if (!llm_sampler_init(&smp, model.c.vocab_size, o->temperature, o->topp, o->seed)) die("out of memory");
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
@@ -781,6 +785,7 @@ static void perplexity(const options *o, config *cfg, int n_cfg, const int32_t *
   if (n < 2) die("--ppl: fewer than 2 tokens, nothing to predict");
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
+  st.int_values = o->int_values;
   for (ci = 0; ci < n_cfg; ci++) {
     config *c = &cfg[ci];
     kva_cache *cache;
@@ -826,6 +831,7 @@ static void dump_logits(const options *o, config *c, const int32_t *tok, int n) 
   cache = make_cache(c, llm_blocks_for(&c->cache, n), 2);
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory (%d rows of logits)", rows);
   st.int_scores = o->int_scores;
+  st.int_values = o->int_values;
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted", c->evict->text);
@@ -958,6 +964,7 @@ static void serve(const options *o, config *c, int steps) {
   cache = make_cache(c, n_blocks, o->max_batch + 2);
   if (!llm_state_init(&st, &model, max_rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
+  st.int_values = o->int_values;
   seqs = (int *)malloc((size_t)max_rows * sizeof(int));
   nq = (int *)malloc((size_t)max_rows * sizeof(int));
   lrow = (int *)malloc((size_t)max_rows * sizeof(int));
@@ -1168,6 +1175,7 @@ static void needle_mode(const options *o, config *cfg, int n_cfg, const needle_s
     }
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
+  st.int_values = o->int_values;
   for (ci = 0; ci < n_cfg; ci++) {
     config *c = &cfg[ci];
     int ok_at[NEEDLE_MAX_DEPTH][NEEDLE_MAX_CTX], n_at[NEEDLE_MAX_DEPTH][NEEDLE_MAX_CTX], ok_all = 0;

@@ -955,6 +955,7 @@ typedef struct {
   int max_rows;        /* token rows one call of llm_forward_rows takes */
   int n_threads;       /* matrix products and kvattn calls */
   int int_scores;      /* kva_attn.int_scores of the attention calls (integer scores over INT8 / INT4 keys) */
+  int int_values;      /* kva_attn.int_values of the attention calls (integer value products over INT8 / INT4 values) */
   float *x, *xb, *xb2; /* [max_rows][dim] residual stream and scratch */
   float *q, *att;      /* [max_rows][dim] */
   float *k, *v;        /* [max_rows][kv_dim] */
@@ -1004,6 +1005,7 @@ static inline void llm__attn_shape(const llm_model *m, const llm_state *s, kva_a
   a->head_dim = m->c.head_dim;
   a->n_threads = s->n_threads;
   a->int_scores = s->int_scores;
+  a->int_values = s->int_values;
 }
 
 /* The rows of n_seqs sequences, one after another: sequence i has n_q[i]
