@@ -1104,7 +1104,7 @@ KVA__FORCEINLINE void kva__iprod_scalar(float *out, const uint8_t *ilv, int nk4,
     for (c = 0; c < KVA__IV_CH; c++) {
       int32_t s = 0;
       for (j = 0; j < nk4; j++) {
-        int x = ilv[(size_t)(j / 4) * KVA__IV_BYTES + 4 * c + j % 4];
+        int x = ilv[(j / 4) * KVA__IV_BYTES + 4 * c + j % 4];
         s += (int32_t)u[r * ldu + j] * (i4 ? x : (int)(int8_t)x);
       }
       out[r * KVA__IV_CH + c] = (float)s;
@@ -2077,9 +2077,9 @@ KVA__FORCEINLINE void kva__kt_fill_avx512(const kva_dtype t, const void *const *
 #define KVA__IV_INIT_AVX512(r) __m512i a##r##0 = _mm512_setzero_si512(), a##r##1 = _mm512_setzero_si512();
 #define KVA__IV_DP_AVX512(r)                                                      \
   if (nr > r) {                                                                   \
-    const __m512i u = _mm512_set1_epi32(kva__iv_u4(ur + r * ldu + j));            \
-    a##r##0 = _mm512_dpbusd_epi32(a##r##0, u, x0);                                \
-    a##r##1 = _mm512_dpbusd_epi32(a##r##1, u, x1);                                \
+    const __m512i ub = _mm512_set1_epi32(kva__iv_u4(ur + r * ldu + j));           \
+    a##r##0 = _mm512_dpbusd_epi32(a##r##0, ub, x0);                               \
+    a##r##1 = _mm512_dpbusd_epi32(a##r##1, ub, x1);                               \
   }
 #define KVA__IV_OUT_AVX512(r)                                                                               \
   if (nr > r) {                                                                                             \
