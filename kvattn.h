@@ -786,26 +786,10 @@ static inline size_t kva__row_bytes(kva_dtype t, int dim) {
 /* An INT4 element's group: its scale and minimum, and where its codes start. */
 KVA__FORCEINLINE const uint8_t *kva__i4_group(const void *row, int i, float *scale, float *min) {
   const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
-#if (KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512) /* F16C: both in one instruction */
-  int32_t h;
-  __m128 v;
-  memcpy(&h, g, sizeof h);
-  v = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
-  *scale = _mm_cvtss_f32(v);
-  *min = _mm_cvtss_f32(_mm_movehdup_ps(v));
-#elif KVATTN_SIMD == KVA_SIMD_NEON
-  uint32_t h;
-  float32x4_t v;
-  memcpy(&h, g, sizeof h);
-  v = vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(h)));
-  *scale = vgetq_lane_f32(v, 0);
-  *min = vgetq_lane_f32(v, 1);
-#else
   uint16_t h[2];
   memcpy(h, g, sizeof h);
   *scale = kva_f16_to_f32(h[0]);
   *min = kva_f16_to_f32(h[1]);
-#endif
   return g + KVA__I4_PARAM_BYTES;
 }
 KVA__FORCEINLINE float kva__load1_i4(const void *row, int i) {
@@ -1345,21 +1329,16 @@ static inline void kva__fwht_scalar(float *x, int n) {
 
 /* 8 INT4 elements from i (a multiple of 8): byte k's nibbles go to lanes 2k, 2k+1 */
 KVA__FORCEINLINE __m256 kva__load8_i4_avx2(const void *row, int i) {
-  const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
-  const uint8_t *codes = g + KVA__I4_PARAM_BYTES + (i % KVA__I4_GROUP) / 2;
+  float s, mn;
+  const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   uint32_t w;
-  int32_t h;
   __m128i b;
-  __m128 sm;
   __m256i c;
-  memcpy(&h, g, sizeof h); /* the group's F16 scale and minimum, as broadcasts */
-  sm = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
   memcpy(&w, codes, 4);
   b = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0));
   c = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
   c = _mm256_and_si256(c, _mm256_set1_epi32(15));
-  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_broadcastss_ps(sm)),
-                       _mm256_broadcastss_ps(_mm_movehdup_ps(sm)));
+  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(s)), _mm256_set1_ps(mn));
 }
 
 /* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
@@ -1869,24 +1848,19 @@ KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
 /* 16 INT4 elements from i (a multiple of 16) that mask m (low lanes) selects; the
    bytes outside it are not read */
 KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 m) {
-  const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES, *codes;
+  float s, mn;
+  const uint8_t *codes;
   unsigned lanes = m, n;
-  int32_t h;
-  __m128 sm;
-  __m512 s, mn;
   __m512i c;
   if (!m) return _mm512_setzero_ps(); /* (past the row: not even its group) */
-  memcpy(&h, g, sizeof h); /* the group's F16 scale and minimum, as broadcasts */
-  sm = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
-  s = _mm512_broadcastss_ps(sm);
-  mn = _mm512_broadcastss_ps(_mm_movehdup_ps(sm));
-  codes = g + KVA__I4_PARAM_BYTES + (i % KVA__I4_GROUP) / 2;
+  codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   if (m == 0xffffu) {
     /* a whole half group: the group's 16 possible values (code * scale + min, rounded as
        below) fill one register, and each lane picks its own by its code: vpermps reads
        the low 4 bits of a lane's index, so a byte's low nibble needs no mask */
-    const __m512 lut =
-        _mm512_add_ps(_mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), s), mn);
+    const __m512 lut = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(s)),
+        _mm512_set1_ps(mn));
     __m128i b = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)codes),
                                  _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
     __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(b),
@@ -1900,7 +1874,7 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
                                             _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
   c = _mm512_and_si512(_mm512_srlv_epi32(c, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0)),
                        _mm512_set1_epi32(15));
-  return _mm512_maskz_add_ps(m, _mm512_mul_ps(_mm512_cvtepi32_ps(c), s), mn);
+  return _mm512_maskz_add_ps(m, _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(s)), _mm512_set1_ps(mn));
 }
 
 /* the elements of a row from element i that mask m selects (the others 0) */
