@@ -395,7 +395,7 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
                                   {C_RELRMS, "out err vs f32", FM_E}, {C_NOTE, "note", FM_STR}};
   const vcol *v = o->full ? v_full : v_screen;
   int n_all = o->full ? NV(v_full) : NV(v_screen), nv = n_all - 1; /* the note column only for a failure to show */
-  char title[1200], ctxs[32], ectx[32];
+  char title[1200], ctxs[32], ectx[32], wctx[32];
   rows d = {0};
   int i;
   size_t i8b, i4b;
@@ -404,8 +404,13 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   i4b = row_bytes(KVA_INT4, o->D);
   for (i = 0; i < t->n; i++) { /* a copy with B/token/layer: the rows carry the KV bytes per call */
     const row *r = &t->r[i];
-    row *w = rows_add(&d, "decode_dtype");
-    int c;
+    row *w;
+    int c, k = i % ND;
+    /* warm, on one screen: f16 and int8 / int4 with float and with integer scores and values */
+    if (i >= ND && !o->full && (rotate[k] || (int_ops[k] && !(int_ops[k] & IV)) || dts[k] == KVA_FP8_E4M3 ||
+                                dts[k] == KVA_FP8_E5M2))
+      continue;
+    w = rows_add(&d, "decode_dtype");
     for (c = 0; c < NCOL; c++) {
       if (r->kind[c] == 1) rn(w, c, r->num[c]);
       else if (r->kind[c] == 2 && c != C_SECTION) rs(w, c, "%s", r->str[c]);
@@ -418,15 +423,14 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   }
   fmt_sep(t->n ? t->r[0].num[C_CTX] : 0, ctxs, sizeof ctxs);
   fmt_sep((double)err_ctx, ectx, sizeof ectx);
+  fmt_sep((double)WARM_CTX, wctx, sizeof wctx);
   snprintf(title, sizeof title,
-           "Decode per storage dtype: GQA (H=%d G=%d D=%d), 1 thread, timed in turns: cold at %s tokens\n"
-           "  (bytes bound), then warm at %d (arithmetic bound). vs f16 = median time / f16's; bytes = KV bytes /\n"
-           "  f16's; /bytes = vs f16 / bytes (1.00: at the byte ratio); speed goal = a ratio to aim at, not a\n"
-           "  check (bytes per row of %d: int8 %zu, int4 %zu, fp8 %d, f16 %d). +iq = integer scores, +iv =\n"
-           "  integer values, rot = K and V rotated. out err =\n"
-           "  relative RMS error of the output against the same K/V stored as f32 (%s tokens with outlier\n"
-           "  key channels; fp8 scales max|k|/200, max|v|/100 as vLLM's rule)",
-           o->H, o->G, o->D, ctxs, WARM_CTX, o->D, i8b, i4b, o->D, 2 * o->D, ectx);
+           "Decode per storage dtype: GQA (H=%d G=%d D=%d), 1 thread, in turns, cold at %s tokens, then warm\n"
+           "  at %s (--full: every dtype warm). vs f16 = time / f16's; bytes = KV bytes / f16's (row of %d:\n"
+           "  int8 %zu, int4 %zu, fp8 %d, f16 %d); /bytes = vs f16 / bytes; speed goal: to aim at, not a check.\n"
+           "  +iq / +iv = integer scores / values, rot = K and V rotated. out err = relative RMS error against\n"
+           "  f32 storage (%s tokens, outlier key channels; fp8 scales max|k|/200, max|v|/100 as vLLM's rule)",
+           o->H, o->G, o->D, ctxs, wctx, o->D, i8b, i4b, o->D, 2 * o->D, ectx);
   print_table(title, v, nv, &d, -1);
   rows_free(&d);
 }
