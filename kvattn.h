@@ -2702,12 +2702,20 @@ static inline float kva__iv_codes(float *w, int nk, uint8_t *u) {
     return top == 0.0f && !nan ? 0.0f : NAN;
   }
   inv = 255.0f / top;
-  for (j = 0; j < nk; j++) {
-    float x = w[j] * inv + 0.5f;
-    nan |= x != x;
-    x = x < 255.0f ? x : 255.0f;
-    u[j] = (uint8_t)(int)(x > 0.0f ? x : 0.0f);
-  }
+  if (inv <= FLT_MAX)
+    for (j = 0; j < nk; j++) {
+      float x = w[j] * inv + 0.5f;
+      nan |= x != x;
+      x = x < 255.0f ? x : 255.0f;
+      u[j] = (uint8_t)(int)(x > 0.0f ? x : 0.0f);
+    }
+  else /* a tile far below the row's maximum (weights near FLT_MIN): 255 / top overflows */
+    for (j = 0; j < nk; j++) {
+      float x = w[j] / top * 255.0f + 0.5f;
+      nan |= x != x;
+      x = x < 255.0f ? x : 255.0f;
+      u[j] = (uint8_t)(int)(x > 0.0f ? x : 0.0f);
+    }
   return nan ? NAN : top / 255.0f;
 }
 KVA__FORCEINLINE void kva__iprod_rows(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu, int nr,

@@ -188,7 +188,7 @@ static void iv_kernels(kt_rng *r) {
       free(x);
     }
     for (rr = 0; rr < nr; rr++) { /* probabilities: the float path's exp(s - M), in [0, 1] */
-      int kind = kt_int(r, 0, 7), one = kt_int(r, 0, nk - 1);
+      int kind = kt_int(r, 0, 9), one = kt_int(r, 0, nk - 1);
       zero_row[rr] = (char)(kind == 0);
       for (j = 0; j < nk; j++) {
         float v;
@@ -198,12 +198,14 @@ static void iv_kernels(kt_rng *r) {
           case 2: v = expf(-kt_uniform(r, 0.0f, 30.0f)); break;                  /* spread over decades */
           case 3: v = kt_int(r, 0, 3) ? 0.0f : kt_uniform(r, 0.0f, 1.0f); break; /* mostly masked */
           case 4: v = (float)kt_int(r, 0, 8) / 8.0f; break;                      /* ties of the codes */
+          case 5: v = kt_uniform(r, 0.0f, 1.0f) * 1e-38f; break; /* a tile far below the row's maximum */
+          case 6: v = expf(-kt_uniform(r, 80.0f, 100.0f)); break;  /* down into the subnormals */
           default: v = kt_uniform(r, 0.0f, 1.0f); break;
         }
         if (kind != 0 && kind != 3 && kt_int(r, 0, 9) == 0) v = 0.0f; /* some exactly 0 */
         p[(size_t)rr * ldp + j] = v;
       }
-      if (kind >= 2 && kt_int(r, 0, 3)) p[(size_t)rr * ldp + one] = 1.0f; /* usually a maximum of 1 */
+      if (kind >= 2 && kind != 5 && kind != 6 && kt_int(r, 0, 3)) p[(size_t)rr * ldp + one] = 1.0f; /* usually a maximum of 1 */
       if (rr == nan_row) p[(size_t)rr * ldp + kt_int(r, 0, nk - 1)] = NAN, zero_row[rr] = 0;
       if (rr < nr - 1)
         for (j = nk; j < ldp; j++) p[(size_t)rr * ldp + j] = KT_SENTINEL; /* between rows: never read as p */
