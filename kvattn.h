@@ -2687,12 +2687,15 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
 /* Integer values: the probability codes of one row over nk keys from its
    weights w (p_j times the key's scale, the scale of its group for INT4),
    zero past nk up to a multiple of 4; returns W / 255. Loops the compiler
-   vectorises; the largest weight through the ISA's scale_max. A NaN weight
+   vectorises. A NaN weight
    makes the returned factor NaN (its code does not matter then), so that
    the row's output is NaN. */
 static inline float kva__iv_codes(float *w, int nk, uint8_t *u) {
-  float top = kva__scale_max(w, nk, 1.0f), inv;
+  float top = 0.0f, inv;
   int j, nan = 0;
+  /* (a plain loop, not the ISA's scale_max: g++ 12 misreports the AVX-512
+     reduction's undefined lanes as uninitialised once its result is used) */
+  for (j = 0; j < nk; j++) top = w[j] > top ? w[j] : top;
   memset(u + nk, 0, (size_t)(((nk + 3) & ~3) - nk));
   if (!(top > 0.0f)) { /* all zero (or NaN) */
     for (j = 0; j < nk; j++) {
