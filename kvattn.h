@@ -1081,6 +1081,12 @@ KVA__FORCEINLINE void kva__idot_tile_scalar(const kva_dtype t, const kva__qrow *
 #define KVA__IV_CH 32
 #define KVA__IV_BYTES (4 * KVA__IV_CH) /* four keys of one step, interleaved */
 
+/* four keys' probability codes as one 32-bit word, for a broadcast */
+KVA__FORCEINLINE int32_t kva__iv_u4(const uint8_t *u) {
+  int32_t v;
+  memcpy(&v, u, sizeof v);
+  return v;
+}
 /* The four keys' codes of one step (rows[k]: the first code byte of the
    step in key k's row; INT4 codes expand to a byte each), channel c's four
    at dst[4c .. 4c + 3]. */
@@ -1755,11 +1761,7 @@ KVA__FORCEINLINE void kva__ilv4_avx2(uint8_t *dst, const uint8_t *const *rows, c
   _mm256_storeu_si256((__m256i *)(dst + 64), _mm256_unpacklo_epi16(hi01, hi23));
   _mm256_storeu_si256((__m256i *)(dst + 96), _mm256_unpackhi_epi16(hi01, hi23));
 }
-KVA__FORCEINLINE __m256i kva__iv_bcast4_avx2(const uint8_t *u) {
-  int32_t v;
-  memcpy(&v, u, sizeof v);
-  return _mm256_set1_epi32(v);
-}
+KVA__FORCEINLINE __m256i kva__iv_bcast4_avx2(const uint8_t *u) { return _mm256_set1_epi32(kva__iv_u4(u)); }
 #define KVA__IV_INIT_AVX2(r, c) __m256i a##r##c = _mm256_setzero_si256();
 #define KVA__IV_DP_AVX2(r, c) if (nr > r) a##r##c = kva__iv_dp_avx2(a##r##c, u##r, x##c, i4);
 /* row r's sums, vectors a<r>0 .. a<r>3 in the interleave's order, into out in channel order */
@@ -2082,11 +2084,6 @@ KVA__FORCEINLINE void kva__kt_fill_avx512(const kva_dtype t, const void *const *
     const __m256i b##r##2 = _mm512_castsi512_si256(a##r##1), b##r##3 = _mm512_extracti64x4_epi64(a##r##1, 1); \
     KVA__IV_OUT_ORDER_AVX2(r, b)                                                                            \
   }
-KVA__FORCEINLINE int32_t kva__iv_u4(const uint8_t *u) {
-  int32_t v;
-  memcpy(&v, u, sizeof v);
-  return v;
-}
 KVA__FORCEINLINE void kva__iprod_avx512(float *out, const uint8_t *ilv, int nk4, const uint8_t *u, int ldu,
                                         const int nr, const int i4) {
   const uint8_t *ur = u;
@@ -2432,20 +2429,14 @@ KVA__FORCEINLINE void kva__iprod_neon(float *out, const uint8_t *ilv, int nk4, c
     uint32x4_t a[8];
     for (k = 0; k < 8; k++) a[k] = vdupq_n_u32(0);
     for (j = 0; j < nk4; j += 4, x += KVA__IV_BYTES) {
-      uint32_t u4;
-      uint8x16_t ub;
-      memcpy(&u4, ur + j, sizeof u4);
-      ub = vreinterpretq_u8_u32(vdupq_n_u32(u4));
+      const uint8x16_t ub = vreinterpretq_u8_s32(vdupq_n_s32(kva__iv_u4(ur + j)));
       for (k = 0; k < 8; k++) a[k] = vdotq_u32(a[k], vld1q_u8(x + 16 * k), ub);
     }
 #else
     uint32x4_t a[8], pa[8], pb[8];
     for (k = 0; k < 8; k++) pa[k] = pb[k] = vdupq_n_u32(0);
     for (j = 0; j < nk4; j += 4, x += KVA__IV_BYTES) {
-      uint32_t u4;
-      uint8x8_t ub;
-      memcpy(&u4, ur + j, sizeof u4);
-      ub = vreinterpret_u8_u32(vdup_n_u32(u4));
+      const uint8x8_t ub = vreinterpret_u8_s32(vdup_n_s32(kva__iv_u4(ur + j)));
       for (k = 0; k < 8; k++) { /* lanes of pa: (channel 4k, keys 0-1), (4k, 2-3), (4k + 1, 0-1), (4k + 1, 2-3) */
         const uint8x16_t xk = vld1q_u8(x + 16 * k);
         pa[k] = vpadalq_u16(pa[k], vmull_u8(vget_low_u8(xk), ub));
