@@ -719,18 +719,21 @@ static inline size_t kva__dtype_size(kva_dtype t) {
   }
 }
 
-/* INT4 rows are groups of 32 values, each [f32 scale][f32 min][16 bytes of
-   codes, two per byte, the lower element in the low nibble]; a last,
-   shorter group has the codes it needs. Element i: group i / 32 at byte
-   24 * (i / 32), so a prefix of a row is a row too (MLA's V). */
+/* INT4 rows are groups of 32 values, each [f16 scale][f16 min][16 bytes of
+   codes, two per byte, the lower element in the low nibble] (20 bytes, as
+   llama.cpp's q4_1); a last, shorter group has the codes it needs. Element
+   i: group i / 32 at byte 20 * (i / 32), so a prefix of a row is a row too
+   (MLA's V). */
 #define KVA__I4_GROUP 32
-#define KVA__I4_GROUP_BYTES 24
+#define KVA__I4_GROUP_BYTES 20
+#define KVA__I4_PARAM_BYTES 4
 
 /* Bytes of one token of one head of dim values in type t (INT8 with its scale, INT4 with its groups'). */
 static inline size_t kva__row_bytes(kva_dtype t, int dim) {
   if (t == KVA_INT4) {
     int rest = dim % KVA__I4_GROUP;
-    return (size_t)(dim / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES + (rest ? 8 + (size_t)(rest + 1) / 2 : 0);
+    return (size_t)(dim / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES +
+           (rest ? KVA__I4_PARAM_BYTES + (size_t)(rest + 1) / 2 : 0);
   }
   return kva__dtype_size(t) * (size_t)dim + (t == KVA_INT8 ? sizeof(float) : 0);
 }
@@ -783,9 +786,11 @@ static inline size_t kva__row_bytes(kva_dtype t, int dim) {
 /* An INT4 element's group: its scale and minimum, and where its codes start. */
 KVA__FORCEINLINE const uint8_t *kva__i4_group(const void *row, int i, float *scale, float *min) {
   const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
-  memcpy(scale, g, sizeof *scale);
-  memcpy(min, g + 4, sizeof *min);
-  return g + 8;
+  uint16_t h[2];
+  memcpy(h, g, sizeof h);
+  *scale = kva_f16_to_f32(h[0]);
+  *min = kva_f16_to_f32(h[1]);
+  return g + KVA__I4_PARAM_BYTES;
 }
 KVA__FORCEINLINE float kva__load1_i4(const void *row, int i) {
   float s, mn;
@@ -2926,17 +2931,34 @@ static inline void kva__quantize_i8(int8_t *dst, const float *src, int n) {
   memcpy(dst - sizeof scale, &scale, sizeof scale);
 }
 
+/* x rounded to an F16 at or below it (at or above: kva__f16_up), saturated
+   to +-65504. */
+static inline uint16_t kva__f16_down(double x) {
+  uint16_t h;
+  x = x > 65504.0 ? 65504.0 : x < -65504.0 ? -65504.0 : x;
+  h = kva_f32_to_f16((float)x);
+  if ((double)kva_f16_to_f32(h) > x) /* one step down: a smaller magnitude, or from +0 to below 0 */
+    h = h == 0 ? (uint16_t)0x8001u : (h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u);
+  return h;
+}
+static inline uint16_t kva__f16_up(double x) { return (uint16_t)(kva__f16_down(-x) ^ 0x8000u); }
+
 /* INT4 row (layout at kva__row_bytes): per group, min and max of its finite
-   values, scale = (max - min) / 15, code = round((x - min) / scale) in
-   0..15, so x comes back within half a step (scale / 2). NaN stores code 0
-   (the minimum), +-Inf the largest / smallest code; a group without a finite
+   values; the minimum stored as the F16 at or below it (min'), the scale as
+   the F16 at or above (max - min') / 15 (scale'), both saturated to
+   +-65504; code = round((x - min') / scale') in 0..15, so x comes back as
+   code * scale' + min' within half a step (scale' / 2) unless the group's
+   range leaves F16's (then values below -65504 read back as the smallest
+   code and above min' + 15 * 65504 as the largest). NaN stores code 0 (the
+   minimum), +-Inf the largest / smallest code; a group without a finite
    value stores scale 0 and min 0. */
 static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
   int g0, i;
   for (g0 = 0; g0 < n; g0 += KVA__I4_GROUP, dst += KVA__I4_GROUP_BYTES) {
     int m = n - g0 < KVA__I4_GROUP ? n - g0 : KVA__I4_GROUP;
     float mn = FLT_MAX, mx = -FLT_MAX, scale;
-    uint8_t *codes = dst + 8;
+    uint16_t h[2];
+    uint8_t *codes = dst + KVA__I4_PARAM_BYTES;
     for (i = 0; i < m; i++) {
       float x = src[g0 + i];
       if (!(x >= -FLT_MAX && x <= FLT_MAX)) continue;
@@ -2944,11 +2966,13 @@ static inline void kva__quantize_i4(uint8_t *dst, const float *src, int n) {
       if (x > mx) mx = x;
     }
     if (mn > mx) mn = mx = 0.0f;
-    scale = (float)(((double)mx - (double)mn) / 15.0); /* in double: the range may overflow float */
+    h[1] = kva__f16_down((double)mn);
+    mn = kva_f16_to_f32(h[1]);
+    h[0] = kva__f16_up(((double)mx - (double)mn) / 15.0); /* in double: the range may overflow float */
+    scale = kva_f16_to_f32(h[0]);
     memset(codes, 0, (size_t)(m + 1) / 2);
     kva__i4_encode(codes, src + g0, m, mn, scale);
-    memcpy(dst, &scale, sizeof scale);
-    memcpy(dst + 4, &mn, sizeof mn);
+    memcpy(dst, h, sizeof h);
   }
 }
 
@@ -5416,7 +5440,7 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
 
 /* --- sequence streams (kva_seq_export / kva_seq_import) ---
    A sequence's whole state as bytes, in the writer's byte order:
-     header   magic "kvattnSQ", u32 version (1), u32 byte-order mark
+     header   magic "kvattnSQ", u32 version (2), u32 byte-order mark
               0x01020304, u64 stream size; u32 kind, n_layers, n_kv_heads,
               head_dim, v_dim, block_size (the writer's), flags (1: positions,
               2: H2O scores follow the rows, 4: spans, 8 / 16: K / V rows
@@ -5436,7 +5460,7 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
      u64      checksum of every byte before it (kva__stream_checksum)
    Rows are per token, so the reader's block size may differ. */
 #define KVA__STREAM_MAGIC "kvattnSQ"
-#define KVA__STREAM_VERSION 1u
+#define KVA__STREAM_VERSION 2u /* 2: INT4 group scales and minimums as F16 */
 #define KVA__STREAM_ORDER 0x01020304u
 #define KVA__STREAM_POS 1u
 #define KVA__STREAM_SCORES 2u

@@ -2,15 +2,17 @@
  *
  * The format is rebuilt here from docs/API.md, independently of the header:
  * groups of 32 values along the head dimension (a last group may be
- * shorter), per group min and max of the finite values, scale =
- * (float)((max - min) / 15) in double, code = round((x - min) / scale)
- * (double, with the float scale) clamped to 0..15, read back as
- * (float)code * scale + min (a float multiply, then a float add).
+ * shorter), per group min and max of the finite values; min' = the F16 at
+ * or below min, scale' = the F16 at or above (max - min') / 15 (in double),
+ * both saturated to +-65504; code = round((x - min') / scale') (double)
+ * clamped to 0..15, read back as (float)code * scale' + min' (a float
+ * multiply, then a float add).
  *   - kva_seq_read gives exactly the reference's read-back (bit for bit),
- *     within half a step of every finite value (unless the group's range
- *     exceeds FLT_MAX: then the top codes may read back as +Inf, as documented);
- *     NaN, +-Inf, constant groups, ranges that overflow float, subnormal ranges;
- *   - kva_cache_bytes_per_token counts 24 bytes per 32 values;
+ *     within half a step (scale' / 2) of every finite value unless the
+ *     group's range leaves F16's (then values clamp to the end codes);
+ *     NaN, +-Inf, constant groups, ranges beyond F16 and beyond float,
+ *     subnormal ranges;
+ *   - kva_cache_bytes_per_token counts 20 bytes per 32 values (q4_1's);
  *   - attention over INT4 K and / or V (with INT8 / F16 for the other, per
  *     layer, latent caches, batch plans) equals the fp64 reference fed the
  *     read-back rows, at float tolerance;
@@ -32,6 +34,33 @@ static void i4_range(const float *x, int m, double *mn, double *mx) {
   }
 }
 
+/* the largest finite F16 value at or below x (x clamped to +-65504 first):
+   the nearest F16 or one of its two neighbouring codes */
+static double i4_f16_down(double x) {
+  uint32_t h, c;
+  double best = -INFINITY;
+  int d;
+  x = x > 65504.0 ? 65504.0 : x < -65504.0 ? -65504.0 : x;
+  h = ref_encode_ieee(x, 5, 10);
+  for (d = -1; d <= 1; d++) {
+    double v;
+    c = (h + (uint32_t)(d + 0x10000)) & 0xFFFFu;
+    if ((c & 0x7C00u) == 0x7C00u) continue; /* Inf or NaN */
+    v = ref_f16_to_f64((uint16_t)c);
+    if (v <= x && v > best) best = v;
+  }
+  return best;
+}
+static double i4_f16_up(double x) { return -i4_f16_down(-x); }
+
+/* the reference's stored minimum and scale of a group */
+static void i4_params(const float *x, int m, double *fmn, double *scale) {
+  double mn, mx;
+  i4_range(x, m, &mn, &mx);
+  *fmn = i4_f16_down(mn);
+  *scale = i4_f16_up((mx - *fmn) / 15.0);
+}
+
 /* the reference read-back of n values x; out_fused: the same with the
    multiply-add rounded once (a compiler may fuse it in the scalar path, as
    C++ compilers do by default) */
@@ -39,11 +68,10 @@ static void i4_ref(const float *x, float *out, float *out_fused, int n) {
   int g0, i;
   for (g0 = 0; g0 < n; g0 += 32) {
     int m = n - g0 < 32 ? n - g0 : 32;
-    double mn, mx;
+    double mn, dscale;
     float scale, fmn;
-    i4_range(x + g0, m, &mn, &mx);
-    scale = (float)((mx - mn) / 15.0);
-    fmn = (float)mn;
+    i4_params(x + g0, m, &mn, &dscale);
+    scale = (float)dscale, fmn = (float)mn;
     for (i = 0; i < m; i++) {
       double v = (double)x[g0 + i], c;
       volatile float prod;
@@ -67,14 +95,14 @@ static int i4_same(const float *got, const float *want, const float *want_fused,
   return 1;
 }
 
-static size_t i4_row_bytes(int n) { return (size_t)(n / 32) * 24 + (n % 32 ? 8 + (size_t)(n % 32 + 1) / 2 : 0); }
+static size_t i4_row_bytes(int n) { return (size_t)(n / 32) * 20 + (n % 32 ? 4 + (size_t)(n % 32 + 1) / 2 : 0); }
 
 static void i4_readback(kt_rng *r) {
   static const int widths[] = {1, 2, 7, 31, 32, 33, 63, 64, 65, 100, 128, 576};
   int wi, kind;
   kt_begin("int4: read-back equals the reference quantizer, within half a step; bytes per token");
   for (wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++)
-    for (kind = 0; kind < 7; kind++) {
+    for (kind = 0; kind < 9; kind++) {
       int D = widths[wi], G = 2, n = 4, i, t, bad = 0, far = 0;
       kva_cache_desc d;
       kva_cache *c = NULL;
@@ -90,6 +118,8 @@ static void i4_readback(kt_rng *r) {
           case 3: k[i] = kt_uniform(r, -1.0f, 1.0f) * 1e-39f; break;                     /* subnormals */
           case 4: k[i] = kt_int(r, 0, 5) == 0 ? (kt_int(r, 0, 1) ? INFINITY : -INFINITY) : kt_uniform(r, -1, 1); break;
           case 5: k[i] = kt_int(r, 0, 5) == 0 ? NAN : kt_uniform(r, 0.5f, 4.0f); break;
+          case 7: k[i] = kt_uniform(r, -2.0e5f, 3.0e5f); break; /* beyond F16's range: saturated */
+          case 8: k[i] = kt_uniform(r, 6.0e4f, 6.5e4f) * (kt_int(r, 0, 1) ? 1.0f : -1.0f); break; /* near its edge */
           default: { /* a value exactly half-way between codes 0 and 1 with a scale whose reciprocal
                         rounds it below (found by search); a constant group of 1.0 with +Inf */
             static const float tie_max[4] = {3.84763885f, 2.80561328f, 3.08635783f, 3.55557489f};
@@ -122,12 +152,13 @@ static void i4_readback(kt_rng *r) {
           bad += !i4_same(got_k + (size_t)g * D, want, want_fused, D);
           for (i = 0; i < D; i++) { /* half a step of the group's finite range */
             int g0 = i / 32 * 32, m = D - g0 < 32 ? D - g0 : 32;
-            double mn, mx, half;
+            double mn, mx, fmn, scale, half;
             if (!isfinite((double)x[i])) continue;
             i4_range(x + g0, m, &mn, &mx);
-            if (mx - mn > 0.99 * FLT_MAX) continue; /* the read-back's multiply-add may overflow (documented) */
-            half = (mx - mn) / 30.0;
-            if (fabs((double)got_k[(size_t)g * D + i] - (double)x[i]) > half * (1 + 1e-6) + 4e-7 * (fabs(mn) + fabs(mx)) + 1e-45)
+            i4_params(x + g0, m, &fmn, &scale);
+            if (mn < -65504.0 || fmn + 15.0 * scale < mx) continue; /* beyond F16: clamped (checked bit for bit above) */
+            half = scale / 2.0;
+            if (fabs((double)got_k[(size_t)g * D + i] - (double)x[i]) > half * (1 + 1e-6) + 4e-7 * (fabs(fmn) + fabs(mx)) + 1e-45)
               far++;
           }
           i4_ref(v + ((size_t)t * G + g) * D, want, want_fused, D);

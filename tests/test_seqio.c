@@ -1183,9 +1183,9 @@ static void sq_errors(void) {
   }
   sq_reseal(m, z_evict);
   sq_import_fails(E, sh.max_seqs, m, z_evict, KVA_ERR_STREAM, "size field +4, re-sealed", 0);
-  /* a bumped (or zero) version, re-sealed */
+  /* an older, a newer or a foreign version, re-sealed */
   for (i = 0; i < 3; i++) {
-    static const uint32_t vers[3] = {2, 0, 0x100};
+    static const uint32_t vers[3] = {1, 3, 0x100}; /* 1: INT4 groups with f32 scales */
     memcpy(m, s_evict, z_evict);
     sq_put_u32(m, SQ_OFF_VERSION, vers[i]);
     sq_reseal(m, z_evict);
