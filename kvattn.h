@@ -786,10 +786,26 @@ static inline size_t kva__row_bytes(kva_dtype t, int dim) {
 /* An INT4 element's group: its scale and minimum, and where its codes start. */
 KVA__FORCEINLINE const uint8_t *kva__i4_group(const void *row, int i, float *scale, float *min) {
   const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
+#if KVATTN_SIMD == KVA_SIMD_AVX2 || KVATTN_SIMD == KVA_SIMD_AVX512 /* F16C: both in one instruction */
+  int32_t h;
+  __m128 sm;
+  memcpy(&h, g, sizeof h);
+  sm = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+  *scale = _mm_cvtss_f32(sm);
+  *min = _mm_cvtss_f32(_mm_movehdup_ps(sm));
+#elif KVATTN_SIMD == KVA_SIMD_NEON
+  uint32_t h;
+  float32x4_t sm;
+  memcpy(&h, g, sizeof h);
+  sm = vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(h)));
+  *scale = vgetq_lane_f32(sm, 0);
+  *min = vgetq_lane_f32(sm, 1);
+#else
   uint16_t h[2];
   memcpy(h, g, sizeof h);
   *scale = kva_f16_to_f32(h[0]);
   *min = kva_f16_to_f32(h[1]);
+#endif
   return g + KVA__I4_PARAM_BYTES;
 }
 KVA__FORCEINLINE float kva__load1_i4(const void *row, int i) {
@@ -1305,7 +1321,9 @@ static inline void kva__fwht_scalar(float *x, int n) {
 /* kva__vacc_strip_<isa>(t, acc, nr, p, ldp, vrows, nk, i, nv, dv): the value
    kernel over one strip of nv (<= 4) vectors of columns from column i (of
    dv), nr (<= 4) rows: acc_r += sum_j p[r*ldp + j] * v_j, in the 16
-   accumulators a<row><vector> (KVA__EACH_4X4_OF), so that they stay in registers. */
+   accumulators a<row><vector> (KVA__EACH_4X4_OF), so that they stay in registers.
+   Vectors load in pairs (V##ROW_PAIR: the second only when `both`), which
+   lie in one INT4 group, so that its F16 scale and minimum convert once. */
 #define KVA__VACC_INIT(V, r, c) V##F a##r##c = nr > r && nv > c ? V##LOAD(m##c, acc[r] + i + V##N * c) : z;
 #define KVA__VACC_FMA(V, r, c) if (nr > r && nv > c) a##r##c = V##FMA_S(a##r##c, v##c, p##r);
 #define KVA__VACC_STORE(V, r, c) if (nr > r && nv > c) V##STORE(acc[r] + i + V##N * c, m##c, a##r##c);
@@ -1317,10 +1335,9 @@ static inline void kva__fwht_scalar(float *x, int n) {
   KVA__EACH_4X4_OF(KVA__VACC_INIT, V)                                                           \
   for (j = 0; j < nk; j++) {                                                                    \
     const void *vr = vrows[j];                                                                  \
-    V##F v0 = V##ROW(t, vr, i, m0);                                                             \
-    V##F v1 = nv > 1 ? V##ROW(t, vr, i + V##N, m1) : z;                                         \
-    V##F v2 = nv > 2 ? V##ROW(t, vr, i + 2 * V##N, m2) : z;                                     \
-    V##F v3 = nv > 3 ? V##ROW(t, vr, i + 3 * V##N, m3) : z;                                     \
+    V##F v0, v1, v2 = z, v3 = z;                                                                \
+    V##ROW_PAIR(t, vr, i, m0, m1, nv > 1, v0, v1);                                              \
+    if (nv > 2) V##ROW_PAIR(t, vr, i + 2 * V##N, m2, m3, nv > 3, v2, v3);                       \
     V##S_T p0 = V##S(p, j);                                                                     \
     V##S_T p1 = nr > 1 ? V##S(p, ldp + j) : V##S_ZERO;                                          \
     V##S_T p2 = nr > 2 ? V##S(p, 2 * ldp + j) : V##S_ZERO;                                      \
@@ -1345,6 +1362,22 @@ KVA__FORCEINLINE __m256 kva__load8_i4_avx2(const void *row, int i) {
   c = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
   c = _mm256_and_si256(c, _mm256_set1_epi32(15));
   return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(s)), _mm256_set1_ps(mn));
+}
+
+/* 16 INT4 elements from i (a multiple of 16) as two vectors, one group's
+   scale and minimum converted once */
+KVA__FORCEINLINE void kva__load16_i4_avx2(const void *row, int i, __m256 *lo, __m256 *hi) {
+  float s, mn;
+  const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
+  const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(mn);
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(15);
+  __m128i b = _mm_loadl_epi64((const __m128i *)codes);
+  __m256i c0 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0)));
+  __m256i c1 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(4, 4, 5, 5, 6, 6, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0)));
+  c0 = _mm256_and_si256(_mm256_srlv_epi32(c0, shifts), low4);
+  c1 = _mm256_and_si256(_mm256_srlv_epi32(c1, shifts), low4);
+  *lo = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c0), sv), mv);
+  *hi = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c1), sv), mv);
 }
 
 /* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
@@ -1384,6 +1417,17 @@ KVA__FORCEINLINE __m128 kva__hsum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 
 #define KVA__AVX2_LOAD(m, p) ((void)(m), _mm256_loadu_ps(p))
 #define KVA__AVX2_STORE(p, m, v) ((void)(m), _mm256_storeu_ps(p, v))
 #define KVA__AVX2_ROW(t, row, i, m) ((void)(m), kva__load8_avx2(t, row, i))
+#define KVA__AVX2_ROW_PAIR(t, row, i, ma, mb, both, va, vb)              \
+  do {                                                                 \
+    (void)(ma), (void)(mb);                                            \
+    if ((t) == KVA_INT4 && (both)) {                                   \
+      kva__load16_i4_avx2(row, i, &(va), &(vb));                       \
+    } else {                                                           \
+      (va) = kva__load8_avx2(t, row, i);                               \
+      if (both) (vb) = kva__load8_avx2(t, row, (i) + 8);               \
+      else (vb) = _mm256_setzero_ps();                                 \
+    }                                                                  \
+  } while (0)
 #define KVA__AVX2_ZERO _mm256_setzero_ps()
 #define KVA__AVX2_SET1(x) _mm256_set1_ps(x)
 #define KVA__AVX2_ADD(a, b) _mm256_add_ps(a, b)
@@ -1855,20 +1899,27 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
   unsigned lanes = m, n;
   __m512i c;
   if (!m) return _mm512_setzero_ps(); /* (past the row: not even its group) */
-  codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   if (m == 0xffffu) {
     /* a whole half group: the group's 16 possible values (code * scale + min, rounded as
        below) fill one register, and each lane picks its own by its code: vpermps reads
-       the low 4 bits of a lane's index, so a byte's low nibble needs no mask */
-    const __m512 lut = _mm512_add_ps(
-        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(s)),
-        _mm512_set1_ps(mn));
+       the low 4 bits of a lane's index, so a byte's low nibble needs no mask. The F16
+       scale and minimum come as one broadcast word, converted in every lane pair. */
+    const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
+    int32_t h;
+    __m512 sm, lut;
+    memcpy(&h, g, sizeof h);
+    sm = _mm512_cvtph_ps(_mm256_set1_epi32(h));
+    lut = _mm512_add_ps(_mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                      _mm512_moveldup_ps(sm)),
+                        _mm512_movehdup_ps(sm));
+    codes = g + KVA__I4_PARAM_BYTES + (i % KVA__I4_GROUP) / 2;
     __m128i b = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)codes),
                                  _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
     __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(b),
                                     _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
     return _mm512_permutexvar_ps(idx, lut);
   }
+  codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   lanes = lanes - ((lanes >> 1) & 0x5555u); /* popcount of 16 bits */
   lanes = (lanes & 0x3333u) + ((lanes >> 2) & 0x3333u);
   n = (((lanes + (lanes >> 4)) & 0x0f0fu) * 0x0101u & 0xffffu) >> 8;
@@ -1877,6 +1928,25 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
   c = _mm512_and_si512(_mm512_srlv_epi32(c, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0)),
                        _mm512_set1_epi32(15));
   return _mm512_maskz_add_ps(m, _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(s)), _mm512_set1_ps(mn));
+}
+
+/* A whole INT4 group from i (a multiple of 32) as two vectors: the lookup
+   table of kva__load16_i4_avx512 built once for both halves */
+KVA__FORCEINLINE void kva__load32_i4_avx512(const void *row, int i, __m512 *lo, __m512 *hi) {
+  const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
+  const __m512i shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+  const __m128i pairs = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  int32_t h;
+  __m128i b;
+  __m512 sm, lut;
+  memcpy(&h, g, sizeof h);
+  sm = _mm512_cvtph_ps(_mm256_set1_epi32(h));
+  lut = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_moveldup_ps(sm),
+      _mm512_movehdup_ps(sm));
+  b = _mm_loadu_si128((const __m128i *)(g + KVA__I4_PARAM_BYTES));
+  *lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, pairs)), shifts), lut);
+  *hi = _mm512_permutexvar_ps(
+      _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_unpackhi_epi64(b, b), pairs)), shifts), lut);
 }
 
 /* the elements of a row from element i that mask m selects (the others 0) */
@@ -1907,6 +1977,15 @@ KVA__FORCEINLINE __m512 kva__load16_avx512(const kva_dtype t, const void *row, i
 #define KVA__AVX512_LOAD(m, p) _mm512_maskz_loadu_ps(m, p)
 #define KVA__AVX512_STORE(p, m, v) _mm512_mask_storeu_ps(p, m, v)
 #define KVA__AVX512_ROW(t, row, i, m) kva__load16_avx512(t, row, i, m)
+#define KVA__AVX512_ROW_PAIR(t, row, i, ma, mb, both, va, vb)                  \
+  do {                                                                       \
+    if ((t) == KVA_INT4 && (both) && (mb) == 0xffffu) {                      \
+      kva__load32_i4_avx512(row, i, &(va), &(vb));                           \
+    } else {                                                                 \
+      (va) = kva__load16_avx512(t, row, i, ma);                              \
+      (vb) = (both) ? kva__load16_avx512(t, row, (i) + 16, mb) : _mm512_setzero_ps(); \
+    }                                                                        \
+  } while (0)
 #define KVA__AVX512_ZERO _mm512_setzero_ps()
 #define KVA__AVX512_SET1(x) _mm512_set1_ps(x)
 #define KVA__AVX512_ADD(a, b) _mm512_add_ps(a, b)
@@ -1994,6 +2073,27 @@ KVA__FORCEINLINE void kva__dot_out_avx512(const kva_dtype t, const int nr, const
     KVA__IN_REGISTERS(qv0, qv1, qv2, qv3)                                                                      \
     KVA__EACH_4X4(KVA__D512_FMA)                                                                               \
   }
+/* INT4 keys, one whole group per step: each key's group loads as two
+   vectors from one conversion of its scale and minimum (kva__load32_i4_avx512) */
+#define KVA__D512_FMA2(r, k) \
+  if (nr > r) s##r##k = _mm512_fmadd_ps(qb##r, hi, _mm512_fmadd_ps(qa##r, lo, s##r##k));
+#define KVA__DOT512_I4_KEY(k)                      \
+  {                                                \
+    __m512 lo, hi;                                 \
+    kva__load32_i4_avx512(k4[k], i, &lo, &hi);     \
+    KVA__D512_FMA2(0, k) KVA__D512_FMA2(1, k)      \
+    KVA__D512_FMA2(2, k) KVA__D512_FMA2(3, k)      \
+  }
+#define KVA__DOT512_I4_GROUP                                                                                      \
+  {                                                                                                             \
+    __m512 qa0 = _mm512_loadu_ps(q0 + i), qb0 = _mm512_loadu_ps(q0 + i + 16);                                     \
+    __m512 qa1 = nr > 1 ? _mm512_loadu_ps(q1 + i) : z, qb1 = nr > 1 ? _mm512_loadu_ps(q1 + i + 16) : z;          \
+    __m512 qa2 = nr > 2 ? _mm512_loadu_ps(q2 + i) : z, qb2 = nr > 2 ? _mm512_loadu_ps(q2 + i + 16) : z;          \
+    __m512 qa3 = nr > 3 ? _mm512_loadu_ps(q3 + i) : z, qb3 = nr > 3 ? _mm512_loadu_ps(q3 + i + 16) : z;          \
+    KVA__IN_REGISTERS(qa0, qa1, qa2, qa3)                                                                       \
+    KVA__IN_REGISTERS(qb0, qb1, qb2, qb3)                                                                       \
+    KVA__DOT512_I4_KEY(0) KVA__DOT512_I4_KEY(1) KVA__DOT512_I4_KEY(2) KVA__DOT512_I4_KEY(3)                     \
+  }
 KVA__FORCEINLINE void kva__dot_tile_avx512(const kva_dtype t, const float *const *q, const int nr,
                                            const void *const *krows, int nk, int d, float *scores, int lds,
                                            float fp8_scale, const kva__next_tile *next) {
@@ -2006,7 +2106,10 @@ KVA__FORCEINLINE void kva__dot_tile_avx512(const kva_dtype t, const float *const
     KVA__EACH_4X4(KVA__D512_INIT)
     for (r = 0; r < 4; r++) k4[r] = krows[j + r < nk ? j + r : j];
     for (r = 0; r < 4; r++) kva__prefetch_next(next, j + r);
-    for (i = 0; i + 16 <= d; i += 16) KVA__DOT512_STEP((__mmask16)0xffff)
+    i = 0;
+    if (t == KVA_INT4)
+      for (; i + 32 <= d; i += 32) KVA__DOT512_I4_GROUP
+    for (; i + 16 <= d; i += 16) KVA__DOT512_STEP((__mmask16)0xffff)
     if (i < d) KVA__DOT512_STEP(kva__mask16(i, d))
     KVA__EACH_4X4(KVA__D512_GATHER)
     kva__dot_out_avx512(t, nr, sums, k4, fp8_scale, scores, lds, j, nk);
@@ -2161,6 +2264,22 @@ KVA__FORCEINLINE float32x4_t kva__load4_i4_neon(const void *row, int i) {
   return vaddq_f32(vmulq_f32(vcvtq_f32_u32(vld1q_u32(c)), vdupq_n_f32(s)), vdupq_n_f32(mn));
 }
 
+/* 8 INT4 elements from i (a multiple of 8) as two vectors, the group's
+   scale and minimum converted once */
+KVA__FORCEINLINE void kva__load8_i4_neon(const void *row, int i, float32x4_t *lo, float32x4_t *hi) {
+  float s, mn;
+  const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
+  uint32_t w;
+  uint8x8_t b, c;
+  uint16x8_t c16;
+  memcpy(&w, codes, 4);
+  b = vreinterpret_u8_u32(vdup_n_u32(w));
+  c = vzip_u8(vand_u8(b, vdup_n_u8(15)), vshr_n_u8(b, 4)).val[0]; /* lane 2k: byte k's low nibble */
+  c16 = vmovl_u8(c);
+  *lo = vaddq_f32(vmulq_f32(vcvtq_f32_u32(vmovl_u16(vget_low_u16(c16))), vdupq_n_f32(s)), vdupq_n_f32(mn));
+  *hi = vaddq_f32(vmulq_f32(vcvtq_f32_u32(vmovl_u16(vget_high_u16(c16))), vdupq_n_f32(s)), vdupq_n_f32(mn));
+}
+
 /* 4 elements of a row from element i; FP8 as in kva__load8_avx2 */
 KVA__FORCEINLINE float32x4_t kva__load4_neon(const kva_dtype t, const void *row, int i) {
   switch (t) {
@@ -2191,6 +2310,16 @@ KVA__FORCEINLINE float32x4_t kva__load4_neon(const kva_dtype t, const void *row,
 #define KVA__NEON_LOAD(m, p) ((void)(m), vld1q_f32(p))
 #define KVA__NEON_STORE(p, m, v) ((void)(m), vst1q_f32(p, v))
 #define KVA__NEON_ROW(t, row, i, m) ((void)(m), kva__load4_neon(t, row, i))
+#define KVA__NEON_ROW_PAIR(t, row, i, ma, mb, both, va, vb)              \
+  do {                                                                 \
+    (void)(ma), (void)(mb);                                            \
+    if ((t) == KVA_INT4 && (both)) {                                   \
+      kva__load8_i4_neon(row, i, &(va), &(vb));                        \
+    } else {                                                           \
+      (va) = kva__load4_neon(t, row, i);                               \
+      (vb) = (both) ? kva__load4_neon(t, row, (i) + 4) : vdupq_n_f32(0.0f); \
+    }                                                                  \
+  } while (0)
 #define KVA__NEON_ZERO vdupq_n_f32(0.0f)
 #define KVA__NEON_SET1(x) vdupq_n_f32(x)
 #define KVA__NEON_ADD(a, b) vaddq_f32(a, b)
@@ -2689,9 +2818,17 @@ static inline void kva__idot_tile(kva_dtype t, const kva__qrow *q, int nr, const
 static inline float kva__iv_codes(float *w, int nk, uint8_t *u) {
   float top = 0.0f, inv;
   int j, nan = 0;
-  /* (a plain loop, not the ISA's scale_max: g++ 12 misreports the AVX-512
-     reduction's undefined lanes as uninitialised once its result is used) */
-  for (j = 0; j < nk; j++) top = w[j] > top ? w[j] : top;
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  /* (plain loops, not the ISA's scale_max: g++ 12 misreports the AVX-512
+     reduction's undefined lanes as uninitialised once its result is used;
+     eight partial maxima, as one vector, so that each step does not wait
+     for the last: one chain cost a tile as much as its value products) */
+  for (j = 0; j + 8 <= nk; j += 8) {
+    int k;
+    for (k = 0; k < 8; k++) part[k] = w[j + k] > part[k] ? w[j + k] : part[k];
+  }
+  for (; j < nk; j++) part[0] = w[j] > part[0] ? w[j] : part[0];
+  for (j = 0; j < 8; j++) top = part[j] > top ? part[j] : top;
   memset(u + nk, 0, (size_t)(((nk + 3) & ~3) - nk));
   if (!(top > 0.0f)) { /* all zero (or NaN) */
     for (j = 0; j < nk; j++) {
