@@ -353,8 +353,8 @@ static size_t qc_elem_bytes(kva_dtype t) {
   }
 }
 static size_t qc_row_bytes(kva_dtype t, int dim) {
-  if (t == KVA_INT4) /* 24 bytes per group of 32 values, a last group 8 + its codes */
-    return (size_t)(dim / 32) * 24u + (dim % 32 ? 8u + (size_t)(dim % 32 + 1) / 2u : 0u);
+  if (t == KVA_INT4) /* 20 bytes per group of 32 values (two F16s, 16 code bytes), a last group 4 + its codes */
+    return (size_t)(dim / 32) * 20u + (dim % 32 ? 4u + (size_t)(dim % 32 + 1) / 2u : 0u);
   return qc_elem_bytes(t) * (size_t)dim + (t == KVA_INT8 ? 4u : 0u);
 }
 static int qc_is_fp8(kva_dtype t) { return t == KVA_FP8_E4M3 || t == KVA_FP8_E5M2; }
