@@ -38,7 +38,7 @@ static double row_target(int i) {
   if (int_ops[i] & IV) return dts[i] == KVA_INT8 ? 0.55 : 0.40;
   return dtype_target(dts[i]);
 }
-static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, int cold) {
+static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, int cold, int threads) {
   shape s = variant_shape(V_GQA, o->H, o->G, o->D);
   kva_cache *c[ND];
   kva_status st[ND];
@@ -64,7 +64,7 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, 
     for (j = i; !c[j]; j--) {} /* the row that built this cache */
     x[n].c = c[j];
     x[n].seq = seq[i];
-    x[n].a = shape_attn(&s, 1);
+    x[n].a = shape_attn(&s, threads);
     x[n].a.int_scores = int_ops[i] & IQ ? 1 : 0;
     x[n].a.int_values = int_ops[i] & IV ? 1 : 0;
     x[n].q = q;
@@ -73,7 +73,8 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, 
     f[n] = call_cache;
     idx[n++] = i;
   }
-  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, %s", ctx, n, cold ? "cold" : "warm");
+  progress("decode per dtype: ctx=%ld, %d dtypes timed in turns, %s, %d thread(s)", ctx, n, cold ? "cold" : "warm",
+           threads);
   if (n) time_interleaved(f, x, n, cold, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
   progress_end();
   for (i = 0; i < ND; i++) {
@@ -89,8 +90,9 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, 
       rs(w, C_DTYPE, "%s%s%s%s", kva_dtype_name(dts[i]), int_ops[i] & IQ ? "+iq" : "", int_ops[i] & IV ? "+iv" : "",
          rotate[i] ? " rot" : "");
     rn(w, C_CTX, (double)ctx);
-    rn(w, C_THREADS, 1);
-    rs(w, C_MODE, cold ? "cold" : "warm");
+    rn(w, C_THREADS, threads);
+    if (threads > 1) rs(w, C_MODE, "%s %d thr", cold ? "cold" : "warm", threads);
+    else rs(w, C_MODE, "%s", cold ? "cold" : "warm");
     rn(w, C_NQ, 1);
     rn(w, C_BLOCK, 16);
     if (st[i] != KVA_OK || !ti || ti->st != KVA_OK) {
@@ -101,7 +103,7 @@ static void run_dtype_block(const opts *o, const machine *m, rows *t, long ctx, 
       continue;
     }
     set_timing(w, ti);
-    set_roof(w, m, 1, (double)ctx * (double)shape_bpt(&s, dts[i]), 2.0 * s.H * (double)ctx * (s.D + s.DV), ti->med);
+    set_roof(w, m, threads, (double)ctx * (double)shape_bpt(&s, dts[i]), 2.0 * s.H * (double)ctx * (s.D + s.DV), ti->med);
     rn(w, C_NSTOK, ti->med / (double)ctx * 1e9);
     if (!base) continue;
     set_base_timing(w, base);
@@ -426,7 +428,7 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   fmt_sep((double)WARM_CTX, wctx, sizeof wctx);
   snprintf(title, sizeof title,
            "Decode per storage dtype: GQA (H=%d G=%d D=%d), 1 thread, in turns, cold at %s tokens, then warm\n"
-           "  at %s (--full: every dtype warm). vs f16 = time / f16's; bytes = KV bytes / f16's (row of %d:\n"
+           "  at %s (--full: every dtype warm), then cold at 2 threads against f16 at 2. vs f16 = time / f16's; bytes = KV bytes / f16's (row of %d:\n"
            "  int8 %zu, int4 %zu, fp8 %d, f16 %d); /bytes = vs f16 / bytes; speed goal: to aim at, not a check.\n"
            "  +iq / +iv = integer scores / values, rot = K and V rotated. out err = relative RMS error against\n"
            "  f32 storage (%s tokens, outlier key channels; fp8 scales max|k|/200, max|v|/100 as vLLM's rule)",
@@ -445,12 +447,13 @@ void summary_speed(const opts *o, const machine *m) {
   print_decode_lines(&t, o);
   emit_rows(&t);
   rows_free(&t);
-  run_dtype_block(o, m, &t, max_ctx(o), 1);
+  run_dtype_block(o, m, &t, max_ctx(o), 1, 1);
   /* every row's own configuration (integer scores and values, rotation), so that their effect shows */
   quality_dtype_errors(o, dts, int_ops, rotate, ND, err_ctx, o->quick ? 2 : 4, err);
   for (i = 0; i < t.n && i < ND; i++)
     if (err[i] >= 0) rn(&t.r[i], C_RELRMS, err[i]);
-  run_dtype_block(o, m, &t, WARM_CTX, 0);
+  run_dtype_block(o, m, &t, WARM_CTX, 0, 1);
+  run_dtype_block(o, m, &t, max_ctx(o), 1, 2); /* the same cold, 2 threads each (f16's too) */
   print_dtype_block(&t, o, err_ctx);
   emit_rows(&t);
   run_rotation_store(o);
