@@ -428,10 +428,11 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   fmt_sep((double)WARM_CTX, wctx, sizeof wctx);
   snprintf(title, sizeof title,
            "Decode per storage dtype: GQA (H=%d G=%d D=%d), 1 thread, in turns, cold at %s tokens, then warm\n"
-           "  at %s (--full: every dtype warm), then cold at 2 threads against f16 at 2. vs f16 = time / f16's; bytes = KV bytes / f16's (row of %d:\n"
-           "  int8 %zu, int4 %zu, fp8 %d, f16 %d); /bytes = vs f16 / bytes; speed goal: to aim at, not a check.\n"
-           "  +iq / +iv = integer scores / values, rot = K and V rotated. out err = relative RMS error against\n"
-           "  f32 storage (%s tokens, outlier key channels; fp8 scales max|k|/200, max|v|/100 as vLLM's rule)",
+           "  at %s (--full: every dtype warm), then cold again at 2 threads (f16 too). vs f16 = time / f16's;\n"
+           "  bytes = KV bytes / f16's (row of %d: int8 %zu, int4 %zu, fp8 %d, f16 %d); /bytes = vs f16 / bytes;\n"
+           "  speed goal: to aim at, not a check. +iq / +iv = integer scores / values, rot = K and V rotated.\n"
+           "  out err = relative RMS error against f32 storage (%s tokens, outlier key channels; fp8 scales\n"
+           "  max|k|/200, max|v|/100 as vLLM's rule)",
            o->H, o->G, o->D, ctxs, wctx, o->D, i8b, i4b, o->D, 2 * o->D, ectx);
   print_table(title, v, nv, &d, -1);
   rows_free(&d);
