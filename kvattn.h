@@ -279,6 +279,12 @@ typedef struct {
                                         probabilities are quantized to 8-bit codes (the token's scale folded
                                         in) and the products over keys are integer dot products
                                         (docs/API.md, "Integer values") */
+  int select_budget;                 /* 0 => read every held token; else a cache call reads, per query token
+                                        and KV head, the blocks whose key bounds promise the largest
+                                        scores, select_budget tokens in all (kva_cache_desc.block_bounds;
+                                        docs/API.md, "Block selection") */
+  int select_sink, select_recent;    /* with select_budget: the blocks holding the first select_sink and
+                                        the last select_recent tokens are always read (within the budget) */
 } kva_attn;
 
 /* RoPE. theta 0 and inv_freq NULL => no rotation. */
@@ -359,6 +365,9 @@ typedef struct {
   int rotate;                     /* 0 => off; else KVA_ROTATE_K | KVA_ROTATE_V: those rows are stored
                                      times an orthonormal Walsh-Hadamard transform (queries and outputs
                                      follow), spreading outlier channels before quantization (KV only) */
+  int block_bounds;               /* 0 => none; 1 => per block, layer and KV head the channel-wise minimum
+                                     and maximum of the stored keys (F16, rounded outward), which
+                                     kva_attn.select_budget ranks blocks by (not with n_groups yet) */
   int n_groups;                   /* 0 => one FULL group; else groups[n_groups], at most KVA_MAX_GROUPS */
   const kva_layer_group *groups;
   const int *layer_group;         /* NULL => every layer in group 0; else [n_layers] group indices.
@@ -1167,6 +1176,20 @@ static inline float kva__scale_max_scalar(float *x, int n, float scale) {
   return mx;
 }
 
+/* The score bound of a block (kva_attn.select_budget): sum over the d
+   channels of max(q_i * lo_i, q_i * hi_i), lohi = d F16 minimums then d
+   F16 maximums. Products and their maxima as written; the vector kernels
+   sum in their lanes, then across them. */
+static inline float kva__block_bound_scalar(const float *q, const uint16_t *lohi, int d) {
+  float sum = 0.0f;
+  int i;
+  for (i = 0; i < d; i++) {
+    float a = q[i] * kva_f16_to_f32(lohi[i]), b = q[i] * kva_f16_to_f32(lohi[d + i]);
+    sum += a > b ? a : b;
+  }
+  return sum;
+}
+
 /* a . b over n floats */
 static inline float kva__dot_f32_scalar(const float *a, const float *b, int n) {
   float s = 0.0f;
@@ -1297,6 +1320,26 @@ static inline void kva__fwht_scalar(float *x, int n) {
   }                                                                                             \
   sum = V##HSUM(acc);                                                                           \
   for (; i < n; i++) sum += x[i] = expf(x[i] - m);                                              \
+  return sum;
+
+/* kva__block_bound_<isa>(q, lohi, d): as kva__block_bound_scalar, the F16
+   bounds through the F16 row loader */
+#define KVA__BLOCK_BOUND(V)                                                                     \
+  V##F acc = V##ZERO;                                                                           \
+  float sum;                                                                                    \
+  int i;                                                                                        \
+  for (i = 0; V##MORE(i, d); i += V##N) {                                                       \
+    const V##MASK lanes = V##LANES(i, d);                                                       \
+    const V##F qv = V##LOAD(lanes, q + i);                                                      \
+    const V##F a = V##MUL(qv, V##ROW(KVA_F16, lohi, i, lanes));                                 \
+    const V##F b = V##MUL(qv, V##ROW(KVA_F16, lohi + d, i, lanes));                             \
+    acc = V##ADD(acc, V##MAX(a, b));                                                            \
+  }                                                                                             \
+  sum = V##HSUM(acc);                                                                           \
+  for (; i < d; i++) {                                                                          \
+    float a = q[i] * kva_f16_to_f32(lohi[i]), b = q[i] * kva_f16_to_f32(lohi[d + i]);           \
+    sum += a > b ? a : b;                                                                       \
+  }                                                                                             \
   return sum;
 
 /* kva__scale_max_<isa>(x, n, scale): x[i] *= scale, returning the largest */
@@ -1545,6 +1588,7 @@ KVA__FORCEINLINE void kva__vacc_tile_avx2(const kva_dtype t, float *const *acc, 
 
 static inline float kva__exp_sub_sum_avx2(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__AVX2_) }
 static inline float kva__scale_max_avx2(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__AVX2_) }
+static inline float kva__block_bound_avx2(const float *q, const uint16_t *lohi, int d) { KVA__BLOCK_BOUND(KVA__AVX2_) }
 
 static inline float kva__dot_f32_avx2(const float *a, const float *b, int n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0;
@@ -2244,6 +2288,9 @@ KVA__FORCEINLINE void kva__wdot_tile_avx512(const kva_dtype t, const float *cons
 
 static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__AVX512_) }
 static inline float kva__scale_max_avx512(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__AVX512_) }
+static inline float kva__block_bound_avx512(const float *q, const uint16_t *lohi, int d) {
+  KVA__BLOCK_BOUND(KVA__AVX512_)
+}
 #endif /* AVX-512 */
 
 #if KVATTN_SIMD == KVA_SIMD_NEON
@@ -2411,6 +2458,7 @@ KVA__FORCEINLINE void kva__vacc_tile_neon(const kva_dtype t, float *const *acc, 
 
 static inline float kva__exp_sub_sum_neon(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__NEON_) }
 static inline float kva__scale_max_neon(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__NEON_) }
+static inline float kva__block_bound_neon(const float *q, const uint16_t *lohi, int d) { KVA__BLOCK_BOUND(KVA__NEON_) }
 
 static inline float kva__dot_f32_neon(const float *a, const float *b, int n) {
   float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
@@ -2634,6 +2682,7 @@ static inline void kva__fwht_neon(float *x, int n) {
                           four keys' codes interleaved, and their products
                           with KVA__IV_ROWS rows' probability codes at a time
      kva__exp_sub_sum, kva__scale_max, kva__dot_f32          softmax and dot product
+     kva__block_bound     a block's score bound (kva_attn.select_budget)
      kva__f32_to_f16_row, kva__fp8_encode, kva__i4_encode    storing rows ([5])
      kva__fwht            the rotation (kva_cache_desc.rotate, [9])
    and KVA__ISA_NAME, what kva_simd_name() reports. */
@@ -2653,6 +2702,7 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__IV_ROWS 4 /* 16 (or 8) accumulators of 32 registers */
 #define kva__exp_sub_sum kva__exp_sub_sum_avx512
 #define kva__scale_max kva__scale_max_avx512
+#define kva__block_bound kva__block_bound_avx512
 #define kva__dot_f32 kva__dot_f32_avx2
 #define kva__f32_to_f16_row kva__f32_to_f16_row_avx2
 #define kva__fp8_encode kva__fp8_encode_avx2
@@ -2670,6 +2720,7 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__IV_ROWS 2 /* 8 accumulators of 16 registers */
 #define kva__exp_sub_sum kva__exp_sub_sum_avx2
 #define kva__scale_max kva__scale_max_avx2
+#define kva__block_bound kva__block_bound_avx2
 #define kva__dot_f32 kva__dot_f32_avx2
 #define kva__f32_to_f16_row kva__f32_to_f16_row_avx2
 #define kva__fp8_encode kva__fp8_encode_avx2
@@ -2687,6 +2738,7 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__IV_ROWS 2
 #define kva__exp_sub_sum kva__exp_sub_sum_neon
 #define kva__scale_max kva__scale_max_neon
+#define kva__block_bound kva__block_bound_neon
 #define kva__dot_f32 kva__dot_f32_neon
 #define kva__f32_to_f16_row kva__f32_to_f16_row_neon
 #define kva__fp8_encode kva__fp8_encode_neon
@@ -2704,6 +2756,7 @@ static inline void kva__fwht_neon(float *x, int n) {
 #define KVA__IV_ROWS 4
 #define kva__exp_sub_sum kva__exp_sub_sum_scalar
 #define kva__scale_max kva__scale_max_scalar
+#define kva__block_bound kva__block_bound_scalar
 #define kva__dot_f32 kva__dot_f32_scalar
 #define kva__f32_to_f16_row kva__f32_to_f16_row_scalar
 #define kva__fp8_encode kva__fp8_encode_scalar
@@ -3187,6 +3240,7 @@ typedef struct {
   int32_t tree_base;
   int tree_n;
   int slots_are_positions;            /* key j sits at position j (before tree_base): nothing evicted */
+  const int32_t *sel_first;           /* block selection, no block_pos: table[i]'s first token's position */
 } kva__kv_view;
 
 /* Tree attention (speculative decoding): node i's parent is parent[i] < i,
@@ -3239,7 +3293,7 @@ static inline void kva__view_fill(const kva__kv_view *w, int g, int j0, int n, c
       for (; slot < bs && j < n; slot++, j++, kr += w->k_row, vr += w->v_row) {
         krows[j] = kr;
         vrows[j] = vr;
-        if (kpos) kpos[j] = pp ? pp[slot] : (int32_t)(j0 + j);
+        if (kpos) kpos[j] = pp ? pp[slot] : w->sel_first ? w->sel_first[ti] + (int32_t)slot : (int32_t)(j0 + j);
       }
     }
   }
@@ -3279,6 +3333,7 @@ typedef struct {
   const float *sinks;     /* sink_logits [H], or NULL */
   int int_scores;         /* quantized queries over INT8 / INT4 keys */
   int int_values;         /* quantized probabilities over INT8 / INT4 values */
+  int select_budget, select_sink, select_recent; /* block selection (cache calls) */
 } kva__attn_params;
 
 /* The chunk of position p (floor division: positions may be negative in kva_attend). */
@@ -3924,6 +3979,10 @@ static inline kva_status kva__attn_resolve(const kva_attn *a, kva__attn_params *
   P->int_scores = a->int_scores;
   KVA__ATTN_RULE(a->int_values < 0 || a->int_values > 1);
   P->int_values = a->int_values;
+  KVA__ATTN_RULE(a->select_budget < 0 || a->select_sink < 0 || a->select_recent < 0);
+  P->select_budget = a->select_budget;
+  P->select_sink = a->select_sink;
+  P->select_recent = a->select_recent;
   if (a->sink_logits) {
     int h;
     for (h = 0; h < a->n_heads; h++)
@@ -3950,6 +4009,7 @@ KVA_API kva_status kva_attend(const kva_attn *a, const float *q, int n_q, const 
   kva__kv_view w;
   const char *why;
   if (kva__attn_resolve(a, &P, &why) != KVA_OK) return KVA_ERR_ARG;
+  if (P.select_budget > 0) return KVA_ERR_UNSUPPORTED; /* plain arrays keep no block bounds */
   if (n_q < 0 || n_kv < 0) return KVA_ERR_ARG;
   if (n_q == 0) return KVA_OK;
   if (!q || !out || (n_kv > 0 && (!k || !v))) return KVA_ERR_ARG;
@@ -4158,6 +4218,7 @@ struct kva_cache {
   int n_layers, G, D, DV, bs, n_blocks, max_seqs, max_table, n_live; /* max_table: blocks one sequence may hold */
   int evict_support;        /* a kva_evict_support */
   int rotate;               /* KVA_ROTATE_K | KVA_ROTATE_V */
+  int bounds;               /* kva_cache_desc.block_bounds */
   float *k_fp8, *v_fp8;     /* [n_layers][G] FP8 scales (1 where not FP8; LATENT: v_fp8 = k_fp8) */
   kva_dtype *kt, *vt;       /* [n_layers] */
   size_t *k_row, *v_row;    /* [n_layers] bytes of one token of one head */
@@ -4166,6 +4227,8 @@ struct kva_cache {
   unsigned char **pool;     /* [n_layers] */
   int32_t *block_pos;       /* [n_layers][n_blocks][G][bs], NULL: evict_support NONE (position = slot) */
   float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention, NULL unless ALL */
+  uint16_t *block_bounds;   /* [n_layers][n_blocks][G][2][D] F16 key minimums then maximums, NULL unless
+                               kva_cache_desc.block_bounds */
   int32_t *victims;         /* [n_blocks * bs] eviction scratch */
   unsigned char *victim_flag; /* [n_blocks * bs] */
   kva__block *blk;          /* [n_blocks + 2]; sentinels: free list n_blocks, cached list n_blocks+1 */
@@ -4260,6 +4323,11 @@ KVA_API size_t kva_cache_bytes_per_token(const kva_cache_desc *d) {
     total += (size_t)d->n_kv_heads * kva__row_bytes(kt, d->head_dim);
     if (d->kind == KVA_CACHE_KV) total += (size_t)d->n_kv_heads * kva__row_bytes(vt, dv);
   }
+  if (d->block_bounds == 1) { /* each block's F16 minimum and maximum per channel, over its tokens, rounded up */
+    size_t bs = (size_t)(d->block_size > 0 ? d->block_size : 16),
+           per_block = (size_t)d->n_layers * (size_t)d->n_kv_heads * 4 * (size_t)d->head_dim;
+    total += (per_block + bs - 1) / bs;
+  }
   return total;
 }
 
@@ -4337,6 +4405,8 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->block_score = c->evict_support != KVA_EVICT_SUPPORT_ALL
                        ? NULL
                        : (float *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(float));
+  c->block_bounds =
+      !c->bounds ? NULL : (uint16_t *)kva__carve(L, layers * blocks * (size_t)c->G * 2 * (size_t)c->D, sizeof(uint16_t));
   c->victims = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
   c->victim_flag = (unsigned char *)kva__carve(L, slots, 1);
   c->blk = (kva__block *)kva__carve(L, blocks + 2, sizeof(kva__block));
@@ -4466,6 +4536,8 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   KVA__DESC_RULE(d, d->n_blocks == 0 && d->max_bytes == 0, KVA_ERR_ARG);
   KVA__DESC_RULE(d, d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V), KVA_ERR_ARG);
   KVA__DESC_RULE(d, d->rotate && d->kind == KVA_CACHE_LATENT, KVA_ERR_UNSUPPORTED); /* V is a prefix of K there */
+  KVA__DESC_RULE(d, d->block_bounds < 0 || d->block_bounds > 1, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, d->block_bounds && d->n_groups > 0, KVA_ERR_UNSUPPORTED); /* spans keep their own blocks */
   memset(shape, 0, sizeof *shape);
   shape->kind = (kva_cache_kind)d->kind;
   shape->n_layers = d->n_layers;
@@ -4476,6 +4548,7 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   shape->max_seqs = d->max_seqs ? d->max_seqs : 256;
   shape->evict_support = d->evict_support;
   shape->rotate = d->rotate;
+  shape->bounds = d->block_bounds;
   KVA__DESC_RULE(d, shape->bs > (1 << 20) || shape->max_seqs > (1 << 20), KVA_ERR_ARG);
   if (kva__desc_spans(d, shape) != KVA_OK) return KVA_ERR_ARG; /* it said why */
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
@@ -4651,6 +4724,83 @@ static inline float *kva__score_ptr(const kva_cache *c, int l, int32_t b, int g,
   return c->block_score + kva__slot_index(c, l, b, g, slot);
 }
 
+/* --- block key bounds (kva_cache_desc.block_bounds) ---
+   Per block, layer and KV head, lo[i] <= every stored key's channel i <=
+   hi[i], as F16s rounded outward from the keys as stored (read back as the
+   kernels see them: after RoPE, rotation and quantization). A block's
+   first slot resets them; each store widens them; compaction, accept and
+   import rebuild them from the held slots. Overwritten or truncated keys
+   may stay inside (a looser bound, never a tighter one). */
+static inline uint16_t *kva__bounds_ptr(const kva_cache *c, int l, int32_t b, int g) {
+  return c->block_bounds + (((size_t)l * (size_t)c->n_blocks + (size_t)b) * (size_t)c->G + (size_t)g) * 2 * (size_t)c->D;
+}
+/* F16 bits in an order that compares as their values do (-0 just below +0) */
+static inline unsigned kva__f16_order(uint16_t h) { return (h & 0x8000u) ? (unsigned)(uint16_t)~h : h | 0x8000u; }
+/* x rounded to the F16 at or below it, infinities kept (kva__f16_down saturates) */
+static inline uint16_t kva__f16_floor(float x) {
+  uint16_t h = kva_f32_to_f16(x);
+  if (kva_f16_to_f32(h) > x) h = h == 0 ? (uint16_t)0x8001u : (h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u);
+  return h;
+}
+static inline uint16_t kva__f16_ceil(float x) { return (uint16_t)(kva__f16_floor(-x) ^ 0x8000u); }
+static inline void kva__bounds_reset(kva_cache *c, int l, int32_t b, int g) {
+  uint16_t *lo = kva__bounds_ptr(c, l, b, g);
+  int i;
+  for (i = 0; i < c->D; i++) lo[i] = 0x7C00u, lo[c->D + i] = 0xFC00u; /* +Inf, -Inf: nothing yet */
+}
+/* One stored element as the kernels read it */
+static inline float kva__stored_elem(kva_dtype t, const void *row, int i, float fp8_scale) {
+  switch (t) {
+    case KVA_F32: {
+      float x;
+      memcpy(&x, (const float *)row + i, sizeof x);
+      return x;
+    }
+    case KVA_INT8: {
+      const int8_t *codes = (const int8_t *)row + sizeof(float);
+      return kva__load1(KVA_INT8, codes, i) * kva__row_scale(KVA_INT8, codes, fp8_scale);
+    }
+    case KVA_FP8_E4M3: return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
+    case KVA_FP8_E5M2: return kva_e5m2_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
+    default: return kva__load1(t, row, i); /* F16, BF16, INT4 */
+  }
+}
+/* Widen block b's bounds (layer l, head g) by the key stored in `slot`. NaN
+   channels are left out. */
+static inline void kva__bounds_add(kva_cache *c, int l, int32_t b, int g, int slot) {
+  uint16_t *lo = kva__bounds_ptr(c, l, b, g), *hi = lo + c->D;
+  const void *row = kva__k_ptr(c, l, b, g, slot);
+  const kva_dtype t = c->kt[l];
+  const float fs = c->k_fp8[(size_t)l * (size_t)c->G + (size_t)g];
+  int i;
+  for (i = 0; i < c->D; i++) {
+    uint16_t down, up;
+    if (t == KVA_F16) { /* exact already */
+      memcpy(&down, (const uint16_t *)row + i, sizeof down);
+      if ((down & 0x7C00u) == 0x7C00u && (down & 0x03FFu)) continue;
+      up = down;
+    } else {
+      float x = kva__stored_elem(t, row, i, fs);
+      if (x != x) continue;
+      down = kva__f16_floor(x);
+      up = kva__f16_ceil(x);
+    }
+    if (kva__f16_order(down) < kva__f16_order(lo[i])) lo[i] = down;
+    if (kva__f16_order(up) > kva__f16_order(hi[i])) hi[i] = up;
+  }
+}
+/* Rebuild the bounds of every block of s in layer l from its held slots. */
+static inline void kva__bounds_rebuild(kva_cache *c, const kva__seq *s, int l) {
+  const int32_t *table = kva__layer_table(c, s, l);
+  int i, g, slot, nb = (s->len + c->bs - 1) / c->bs;
+  for (i = 0; i < nb; i++)
+    for (g = 0; g < c->G; g++) {
+      int held = s->len - i * c->bs < c->bs ? s->len - i * c->bs : c->bs;
+      kva__bounds_reset(c, l, table[i], g);
+      for (slot = 0; slot < held; slot++) kva__bounds_add(c, l, table[i], g, slot);
+    }
+}
+
 /* Token `slot` of s in every layer and head: zero data and score, set position. */
 static inline void kva__slot_init(kva_cache *c, const kva__seq *s, int token, int32_t pos) {
   int l, g, slot;
@@ -4661,6 +4811,7 @@ static inline void kva__slot_init(kva_cache *c, const kva__seq *s, int token, in
       if (c->kind == KVA_CACHE_KV) memset(kva__v_ptr(c, l, b, g, slot), 0, c->v_row[l]);
       if (c->block_pos) *kva__pos_ptr(c, l, b, g, slot) = pos;
       if (c->block_score) *kva__score_ptr(c, l, b, g, slot) = 0.0f;
+      if (c->block_bounds && slot == 0) kva__bounds_reset(c, l, b, g); /* a block begun */
     }
 }
 
@@ -4863,6 +5014,8 @@ static inline void kva__copy_block(kva_cache *c, int32_t dst, int32_t src) {
       memcpy(kva__pos_ptr(c, l, dst, 0, 0), kva__pos_ptr(c, l, src, 0, 0), pos_block * sizeof(int32_t));
     if (c->block_score)
       memcpy(kva__score_ptr(c, l, dst, 0, 0), kva__score_ptr(c, l, src, 0, 0), pos_block * sizeof(float));
+    if (c->block_bounds)
+      memcpy(kva__bounds_ptr(c, l, dst, 0), kva__bounds_ptr(c, l, src, 0), (size_t)c->G * 2 * (size_t)c->D * sizeof(uint16_t));
   }
 }
 
@@ -5227,6 +5380,8 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl.n_evict;
   if (kva__tail_needs_copy(c, s)) kva__copy_on_write(c, s, s->len / c->bs);
+  if (c->block_bounds && pl.n_evict > 0) /* compacted: the kept keys' own bounds */
+    for (i = 0; i < c->n_layers; i++) kva__bounds_rebuild(c, s, i);
   for (w = 0; w < c->n_spans; w++) { /* (the step's queries sit at s->len and later) */
     kva__span *sp = &c->spans[w];
     int32_t *t = kva__span_table(c, s, w);
@@ -5416,6 +5571,8 @@ KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_
   while (s->n_blocks > kva__blocks_for(c, new_len)) kva__block_release(c, s->table[--s->n_blocks]);
   s->pos -= n_new - n_keep;
   s->len = new_len;
+  if (c->block_bounds)
+    for (l = 0; l < c->n_layers; l++) kva__bounds_rebuild(c, s, l);
   return KVA_OK;
 }
 
@@ -5954,6 +6111,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
     const unsigned char *L = lay + (size_t)l * (16 + 8 * (size_t)c->G);
     s->stored[2 * l] = kva__get_i32(L + 8);
     s->stored[2 * l + 1] = kva__get_i32(L + 12);
+    if (c->block_bounds) kva__bounds_rebuild(c, s, l); /* from the rows, not from the stream */
   }
   if (n_prefix >= c->bs) { /* its prefix-cache blocks: known here too from now on */
     memcpy(&u64, in + 24 + 23 * 4, 8); /* the salt */
@@ -6042,6 +6200,7 @@ KVA_API kva_status kva_store_strided(kva_cache *c, int seq, int layer, int offse
       kva__store_row(c->kt[layer], kva__k_ptr(c, layer, b, g, in_block),
                      kva__as_stored(kr, c->D, c->rotate & KVA_ROTATE_K, tmp), c->D,
                      c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
+      if (c->block_bounds) kva__bounds_add(c, layer, b, g, in_block);
       if (c->kind == KVA_CACHE_KV)
         kva__store_row(c->vt[layer], kva__v_ptr(c, layer, b, g, in_block),
                        kva__as_stored(v + (size_t)t * vs + (size_t)g * (size_t)c->DV, c->DV,
@@ -6133,6 +6292,112 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
     w->key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
 }
 
+/* --- block selection (kva_attn.select_budget) ---
+   Per query token and KV head: the blocks holding the first select_sink and
+   the last select_recent tokens are read; of the others, the budget left
+   (select_budget minus the tokens of those, in whole blocks: floor(left /
+   block_size) of them) goes to the blocks with the largest bound
+   max over the group's query heads h of kva__block_bound(q_h, block's
+   bounds), a larger bound first and, between equal ones, the earlier block
+   (a bound that is not a number counts as +Inf). The blocks read are walked
+   in order, as the unselected pass walks them all. */
+#define KVA__SELECT_MAX_BLOCKS 2048 /* blocks one selection may read: stack arrays */
+
+/* Does block a (bound ba) rank before block b (bound bb)? */
+static inline int kva__select_before(float ba, int32_t a, float bb, int32_t b) { return ba > bb || (ba == bb && a < b); }
+/* Restore the heap below i: the root is the worst kept block. */
+static inline void kva__select_sift(float *hb, int32_t *hi, int n, int i) {
+  for (;;) {
+    int w = i, l = 2 * i + 1, r = l + 1;
+    float tb;
+    int32_t ti;
+    if (l < n && kva__select_before(hb[w], hi[w], hb[l], hi[l])) w = l;
+    if (r < n && kva__select_before(hb[w], hi[w], hb[r], hi[r])) w = r;
+    if (w == i) return;
+    tb = hb[i], hb[i] = hb[w], hb[w] = tb;
+    ti = hi[i], hi[i] = hi[w], hi[w] = ti;
+    i = w;
+  }
+}
+static int kva__int32_cmp(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+/* The blocks one query token (q: its [H][D] row) reads of KV head g:
+   their indices in the sequence's table, ascending, into sel; returns how many. */
+static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int layer, const kva__attn_params *P,
+                                     const float *q, int g, int32_t *sel) {
+  const int bs = c->bs, n = s->len, nb = (n + bs - 1) / bs;
+  const int32_t *table = kva__layer_table(c, s, layer);
+  float hb[KVA__SELECT_MAX_BLOCKS];
+  int32_t hi[KVA__SELECT_MAX_BLOCKS];
+  int sink_end = (int)(((long)P->select_sink + bs - 1) / bs), recent_begin, i, r, k, kept = 0, count = 0;
+  long forced, left;
+  if (sink_end > nb) sink_end = nb;
+  recent_begin = P->select_recent >= n ? 0 : (n - P->select_recent) / bs;
+  if (P->select_recent == 0) recent_begin = nb;
+  if (recent_begin < sink_end) recent_begin = sink_end;
+  forced = (long)sink_end * bs + (long)(n - recent_begin * bs);
+  if (sink_end * bs > n) forced = n; /* the sinks reach the end: everything */
+  left = P->select_budget - forced;
+  k = left > 0 ? (int)(left / bs) : 0;
+  if (k > recent_begin - sink_end) k = recent_begin - sink_end;
+  for (i = sink_end; i < recent_begin && k > 0; i++) {
+    const uint16_t *lohi = kva__bounds_ptr(c, layer, table[i], g);
+    float bound = -INFINITY;
+    for (r = 0; r < P->R; r++) {
+      float b = kva__block_bound(q + (size_t)(g * P->R + r) * (size_t)P->D, lohi, P->D);
+      if (b != b) b = INFINITY;
+      if (b > bound) bound = b;
+    }
+    if (kept < k) { /* fill, then keep the heap's root the worst */
+      hb[kept] = bound, hi[kept] = i, kept++;
+      if (kept == k)
+        for (r = k / 2 - 1; r >= 0; r--) kva__select_sift(hb, hi, k, r);
+    } else if (kva__select_before(bound, i, hb[0], hi[0])) {
+      hb[0] = bound, hi[0] = i;
+      kva__select_sift(hb, hi, k, 0);
+    }
+  }
+  for (i = 0; i < sink_end; i++) sel[count++] = i;
+  qsort(hi, (size_t)kept, sizeof hi[0], kva__int32_cmp);
+  for (i = 0; i < kept; i++) sel[count++] = hi[i];
+  for (i = recent_begin; i < nb; i++) sel[count++] = i;
+  return count;
+}
+
+/* Attention of the newest n_q tokens over the blocks kva__select_blocks
+   picks, per query token and KV head: one pass each over a view of those
+   blocks only (positions from block_pos, or from each block's index). */
+static inline void kva__attend_selected(const kva_cache *c, const kva__seq *s, int layer, const kva__attn_params *P,
+                                        const kva__kv_view *w, const float *q, int n_q, int32_t q_base, float *out,
+                                        float *lse, int n_threads) {
+  int items = n_q * P->G, it, nt = kva__threads(n_threads);
+  if (nt > items) nt = items;
+  (void)nt;
+  KVA__OMP_FOR(nt)
+  for (it = 0; it < items; it++) {
+    int32_t sel[KVA__SELECT_MAX_BLOCKS], phys[KVA__SELECT_MAX_BLOCKS], first[KVA__SELECT_MAX_BLOCKS];
+    const int i = it / P->G, g = it % P->G, nb = (s->len + c->bs - 1) / c->bs;
+    int k, nsel, n_read;
+    kva__kv_view ws = *w;
+    kva__pass ps;
+    nsel = kva__select_blocks(c, s, layer, P, q + (size_t)i * P->q_stride, g, sel);
+    for (k = 0; k < nsel; k++) {
+      phys[k] = w->table[sel[k]];
+      first[k] = sel[k] * c->bs;
+    }
+    n_read = nsel == 0 ? 0 : (nsel - 1) * c->bs + (sel[nsel - 1] == nb - 1 ? s->len - (nb - 1) * c->bs : c->bs);
+    ws.table = phys;
+    ws.sel_first = w->block_pos ? NULL : first;
+    ws.slots_are_positions = 0;
+    ps = kva__pass_base(P, &ws, q, NULL, q_base);
+    kva__pass_rows(&ps, 0, n_read, g, 1, i * P->R, P->R);
+    ps.out = out, ps.lse = lse;
+    kva__attend_rows(&ps);
+  }
+}
+
 /* kva_attend_cache, and with lse non-NULL also each row's log-sum-exp [n_q][n_heads] */
 KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                         float *out, float *lse) {
@@ -6140,6 +6405,7 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   const char *why;
   kva__kv_view w;
   kva__seq *s;
+  int selecting;
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, layer < 0 || layer >= c->n_layers || n_q < 0, KVA_ERR_ARG);
   if (kva__attn_resolve(a, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
@@ -6156,6 +6422,18 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent, n_q) != KVA_OK, KVA_ERR_ARG);
   KVA__REFUSE_WHY(c, !kva__step_stored(s, layer), KVA_ERR_NOT_STORED,
                   "the step's tokens are not all stored in this layer: kva_store them before attending");
+  selecting = P.select_budget > 0 && s->len > P.select_budget;
+  if (selecting) {
+    KVA__REFUSE_WHY(c, !c->block_bounds, KVA_ERR_UNSUPPORTED,
+                    "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)");
+    KVA__REFUSE_WHY(c, a->tree_parent || s->evict.kind == KVA_EVICT_H2O, KVA_ERR_UNSUPPORTED,
+                    "block selection does not combine with tree attention or H2O's scores");
+    KVA__REFUSE_WHY(c,
+                    ((long)P.select_sink + c->bs - 1) / c->bs + P.select_budget / c->bs +
+                            ((long)P.select_recent + c->bs - 1) / c->bs + 1 >
+                        KVA__SELECT_MAX_BLOCKS,
+                    KVA_ERR_ARG, "select_sink, select_budget and select_recent span more than 2,048 blocks");
+  }
   kva__cache_view(c, s, layer, &w);
   w.tree_parent = a->tree_parent;
   w.tree_base = (int32_t)(s->pos - n_q);
@@ -6179,8 +6457,11 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
       q = rq;
       P.q_stride = (size_t)P.H * (size_t)P.D;
     }
-    kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
-                    KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
+    if (selecting)
+      kva__attend_selected(c, s, layer, &P, &w, q, n_q, (int32_t)(s->pos - n_q), out, lse, a->n_threads);
+    else
+      kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
+                      KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
     if (rq && rq != rq_stack) kva__heap_give(&from_cache, rq, rq_floats * sizeof(float));
     if (c->rotate & KVA_ROTATE_V) kva__rotate_rows(out, n_q, P.H, P.DV, P.o_stride); /* back from V's basis */
   }
@@ -6310,6 +6591,8 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q)), KVA_ERR_ARG);
   if (kva__attn_resolve(a, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
+  KVA__REFUSE_WHY(c, P.select_budget > 0, KVA_ERR_UNSUPPORTED,
+                  "block selection (a->select_budget) runs in kva_attend_cache, not yet in batch plans");
   KVA__REFUSE_WHY(c, P.G != c->G, KVA_ERR_ARG, "a->n_kv_heads differs from the cache's n_kv_heads");
   KVA__REFUSE_WHY(c, P.D != c->D, KVA_ERR_ARG, "a->head_dim differs from the cache's head_dim");
   KVA__REFUSE_WHY(c, P.DV != c->DV, KVA_ERR_ARG, "a->v_dim differs from the cache's v_dim");
