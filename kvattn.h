@@ -1176,18 +1176,21 @@ static inline float kva__scale_max_scalar(float *x, int n, float scale) {
   return mx;
 }
 
-/* The score bound of a block (kva_attn.select_budget): sum over the d
-   channels of max(q_i * lo_i, q_i * hi_i), lohi = d F16 minimums then d
-   F16 maximums. Products and their maxima as written; the vector kernels
-   sum in their lanes, then across them. */
-static inline float kva__block_bound_scalar(const float *q, const uint16_t *lohi, int d) {
-  float sum = 0.0f;
-  int i;
+/* The score bounds of a block (kva_attn.select_budget) for nr (<= 4) query
+   rows q[r]: bound[r] = the sum over the d channels of max(q_i * lo_i,
+   q_i * hi_i), lohi = d F16 minimums then d F16 maximums. Products and
+   their maxima as written; the vector kernels sum in their lanes, then
+   across them. */
+static inline void kva__block_bound_scalar(const float *const *q, int nr, const uint16_t *lohi, int d, float *bound) {
+  int i, r;
+  for (r = 0; r < nr; r++) bound[r] = 0.0f;
   for (i = 0; i < d; i++) {
-    float a = q[i] * kva_f16_to_f32(lohi[i]), b = q[i] * kva_f16_to_f32(lohi[d + i]);
-    sum += a > b ? a : b;
+    const float lo = kva_f16_to_f32(lohi[i]), hi = kva_f16_to_f32(lohi[d + i]);
+    for (r = 0; r < nr; r++) {
+      float a = q[r][i] * lo, b = q[r][i] * hi;
+      bound[r] += a > b ? a : b;
+    }
   }
-  return sum;
 }
 
 /* a . b over n floats */
@@ -1322,25 +1325,31 @@ static inline void kva__fwht_scalar(float *x, int n) {
   for (; i < n; i++) sum += x[i] = expf(x[i] - m);                                              \
   return sum;
 
-/* kva__block_bound_<isa>(q, lohi, d): as kva__block_bound_scalar, the F16
-   bounds through the F16 row loader */
+/* kva__block_bound_<isa>(q, nr, lohi, d, bound): as kva__block_bound_scalar,
+   the F16 bounds through the F16 row loader, once for the nr rows */
+#define KVA__BOUND_ROW(V, r)                                                                    \
+  if (nr > r) acc##r = V##ADD(acc##r, V##MAX(V##MUL(V##LOAD(lanes, q##r + i), lo),             \
+                                            V##MUL(V##LOAD(lanes, q##r + i), hi)));
 #define KVA__BLOCK_BOUND(V)                                                                     \
-  V##F acc = V##ZERO;                                                                           \
-  float sum;                                                                                    \
-  int i;                                                                                        \
+  const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
+  V##F acc0 = V##ZERO, acc1 = acc0, acc2 = acc0, acc3 = acc0;                                   \
+  int i, r;                                                                                     \
   for (i = 0; V##MORE(i, d); i += V##N) {                                                       \
     const V##MASK lanes = V##LANES(i, d);                                                       \
-    const V##F qv = V##LOAD(lanes, q + i);                                                      \
-    const V##F a = V##MUL(qv, V##ROW(KVA_F16, lohi, i, lanes));                                 \
-    const V##F b = V##MUL(qv, V##ROW(KVA_F16, lohi + d, i, lanes));                             \
-    acc = V##ADD(acc, V##MAX(a, b));                                                            \
+    const V##F lo = V##ROW(KVA_F16, lohi, i, lanes), hi = V##ROW(KVA_F16, lohi + d, i, lanes); \
+    KVA__BOUND_ROW(V, 0) KVA__BOUND_ROW(V, 1) KVA__BOUND_ROW(V, 2) KVA__BOUND_ROW(V, 3)         \
   }                                                                                             \
-  sum = V##HSUM(acc);                                                                           \
+  bound[0] = V##HSUM(acc0);                                                                     \
+  if (nr > 1) bound[1] = V##HSUM(acc1);                                                         \
+  if (nr > 2) bound[2] = V##HSUM(acc2);                                                         \
+  if (nr > 3) bound[3] = V##HSUM(acc3);                                                         \
   for (; i < d; i++) {                                                                          \
-    float a = q[i] * kva_f16_to_f32(lohi[i]), b = q[i] * kva_f16_to_f32(lohi[d + i]);           \
-    sum += a > b ? a : b;                                                                       \
-  }                                                                                             \
-  return sum;
+    const float lo = kva_f16_to_f32(lohi[i]), hi = kva_f16_to_f32(lohi[d + i]);                \
+    for (r = 0; r < nr; r++) {                                                                  \
+      float a = q[r][i] * lo, b = q[r][i] * hi;                                                 \
+      bound[r] += a > b ? a : b;                                                                \
+    }                                                                                           \
+  }
 
 /* kva__scale_max_<isa>(x, n, scale): x[i] *= scale, returning the largest */
 #define KVA__SCALE_MAX(V)                                                                       \
@@ -1588,7 +1597,9 @@ KVA__FORCEINLINE void kva__vacc_tile_avx2(const kva_dtype t, float *const *acc, 
 
 static inline float kva__exp_sub_sum_avx2(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__AVX2_) }
 static inline float kva__scale_max_avx2(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__AVX2_) }
-static inline float kva__block_bound_avx2(const float *q, const uint16_t *lohi, int d) { KVA__BLOCK_BOUND(KVA__AVX2_) }
+static inline void kva__block_bound_avx2(const float *const *q, int nr, const uint16_t *lohi, int d, float *bound) {
+  KVA__BLOCK_BOUND(KVA__AVX2_)
+}
 
 static inline float kva__dot_f32_avx2(const float *a, const float *b, int n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0;
@@ -2288,7 +2299,8 @@ KVA__FORCEINLINE void kva__wdot_tile_avx512(const kva_dtype t, const float *cons
 
 static inline float kva__exp_sub_sum_avx512(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__AVX512_) }
 static inline float kva__scale_max_avx512(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__AVX512_) }
-static inline float kva__block_bound_avx512(const float *q, const uint16_t *lohi, int d) {
+static inline void kva__block_bound_avx512(const float *const *q, int nr, const uint16_t *lohi, int d,
+                                           float *bound) {
   KVA__BLOCK_BOUND(KVA__AVX512_)
 }
 #endif /* AVX-512 */
@@ -2458,7 +2470,9 @@ KVA__FORCEINLINE void kva__vacc_tile_neon(const kva_dtype t, float *const *acc, 
 
 static inline float kva__exp_sub_sum_neon(float *x, int n, float m) { KVA__EXP_SUB_SUM(KVA__NEON_) }
 static inline float kva__scale_max_neon(float *x, int n, float scale) { KVA__SCALE_MAX(KVA__NEON_) }
-static inline float kva__block_bound_neon(const float *q, const uint16_t *lohi, int d) { KVA__BLOCK_BOUND(KVA__NEON_) }
+static inline void kva__block_bound_neon(const float *const *q, int nr, const uint16_t *lohi, int d, float *bound) {
+  KVA__BLOCK_BOUND(KVA__NEON_)
+}
 
 static inline float kva__dot_f32_neon(const float *a, const float *b, int n) {
   float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
@@ -6302,6 +6316,7 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
    (a bound that is not a number counts as +Inf). The blocks read are walked
    in order, as the unselected pass walks them all. */
 #define KVA__SELECT_MAX_BLOCKS 2048 /* blocks one selection may read: stack arrays */
+#define KVA__SELECT_AHEAD 16         /* blocks whose bounds are prefetched ahead of the one ranked */
 
 /* Does block a (bound ba) rank before block b (bound bb)? */
 static inline int kva__select_before(float ba, int32_t a, float bb, int32_t b) { return ba > bb || (ba == bb && a < b); }
@@ -6345,10 +6360,20 @@ static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int 
   for (i = sink_end; i < recent_begin && k > 0; i++) {
     const uint16_t *lohi = kva__bounds_ptr(c, layer, table[i], g);
     float bound = -INFINITY;
-    for (r = 0; r < P->R; r++) {
-      float b = kva__block_bound(q + (size_t)(g * P->R + r) * (size_t)P->D, lohi, P->D);
-      if (b != b) b = INFINITY;
-      if (b > bound) bound = b;
+    /* blocks sit anywhere in the pool: without this each one's bounds are a
+       cache miss, which cost more than the bound's arithmetic */
+    if (i + KVA__SELECT_AHEAD < recent_begin)
+      kva__prefetch_span(kva__bounds_ptr(c, layer, table[i + KVA__SELECT_AHEAD], g), 4 * (size_t)P->D);
+    for (r = 0; r < P->R; r += 4) { /* four query heads per pass over the bounds */
+      const float *qr[4];
+      float b[4];
+      int nr = P->R - r < 4 ? P->R - r : 4, t;
+      for (t = 0; t < nr; t++) qr[t] = q + (size_t)(g * P->R + r + t) * (size_t)P->D;
+      kva__block_bound(qr, nr, lohi, P->D, b);
+      for (t = 0; t < nr; t++) {
+        if (b[t] != b[t]) b[t] = INFINITY;
+        if (b[t] > bound) bound = b[t];
+      }
     }
     if (kept < k) { /* fill, then keep the heap's root the worst */
       hb[kept] = bound, hi[kept] = i, kept++;
