@@ -6338,16 +6338,21 @@ static int kva__int32_cmp(const void *a, const void *b) {
   int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
   return (x > y) - (x < y);
 }
-/* The blocks one query token (q: its [H][D] row) reads of KV head g:
-   their indices in the sequence's table, ascending, into sel; returns how many. */
-static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int layer, const kva__attn_params *P,
-                                     const float *q, int g, int32_t *sel) {
-  const int bs = c->bs, n = s->len, nb = (n + bs - 1) / bs;
+/* The blocks one query token (q: its [H][D] row) reads of KV head g, of
+   the first n held tokens (those up to its own, causal): their indices in
+   the sequence's table, ascending, into sel; returns how many. */
+static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int n, int layer,
+                                     const kva__attn_params *P, const float *q, int g, int32_t *sel) {
+  const int bs = c->bs, nb = (n + bs - 1) / bs;
   const int32_t *table = kva__layer_table(c, s, layer);
   float hb[KVA__SELECT_MAX_BLOCKS];
   int32_t hi[KVA__SELECT_MAX_BLOCKS];
   int sink_end = (int)(((long)P->select_sink + bs - 1) / bs), recent_begin, i, r, k, kept = 0, count = 0;
   long forced, left;
+  if (n <= P->select_budget) { /* all of them */
+    for (i = 0; i < nb; i++) sel[i] = i;
+    return nb;
+  }
   if (sink_end > nb) sink_end = nb;
   recent_begin = P->select_recent >= n ? 0 : (n - P->select_recent) / bs;
   if (P->select_recent == 0) recent_begin = nb;
@@ -6403,16 +6408,18 @@ static inline void kva__attend_selected(const kva_cache *c, const kva__seq *s, i
   KVA__OMP_FOR(nt)
   for (it = 0; it < items; it++) {
     int32_t sel[KVA__SELECT_MAX_BLOCKS], phys[KVA__SELECT_MAX_BLOCKS], first[KVA__SELECT_MAX_BLOCKS];
-    const int i = it / P->G, g = it % P->G, nb = (s->len + c->bs - 1) / c->bs;
+    /* a causal query token sees the tokens up to its own */
+    const int i = it / P->G, g = it % P->G, n = P->non_causal ? s->len : s->len - n_q + i + 1;
+    const int nb = (n + c->bs - 1) / c->bs;
     int k, nsel, n_read;
     kva__kv_view ws = *w;
     kva__pass ps;
-    nsel = kva__select_blocks(c, s, layer, P, q + (size_t)i * P->q_stride, g, sel);
+    nsel = kva__select_blocks(c, s, n, layer, P, q + (size_t)i * P->q_stride, g, sel);
     for (k = 0; k < nsel; k++) {
       phys[k] = w->table[sel[k]];
       first[k] = sel[k] * c->bs;
     }
-    n_read = nsel == 0 ? 0 : (nsel - 1) * c->bs + (sel[nsel - 1] == nb - 1 ? s->len - (nb - 1) * c->bs : c->bs);
+    n_read = nsel == 0 ? 0 : (nsel - 1) * c->bs + (sel[nsel - 1] == nb - 1 ? n - (nb - 1) * c->bs : c->bs);
     ws.table = phys;
     ws.sel_first = w->block_pos ? NULL : first;
     ws.slots_are_positions = 0;

@@ -41,6 +41,7 @@ typedef struct {
   const char *fp8_calib;
   int threads, block_size, chunk, max_batch, kv_blocks;
   int int_scores, int_values, rotate; /* kva_attn.int_scores, int_values; kva_cache_desc.rotate */
+  int select_budget, select_sink, select_recent; /* kva_attn.select_*; the cache keeps block bounds */
   const char *ppl, *ppl_tokens, *serve, *logits_tokens, *needle;
 } options;
 
@@ -78,6 +79,9 @@ static void usage(FILE *f) {
           "  --int-scores 0|1   1: over int8 / int4 keys, queries as int8 codes and integer dot products\n"
           "  --int-values 0|1   1: over int8 / int4 values, probabilities as 8-bit codes and integer products\n"
           "  --rotate none|k|v|kv   store those rows Walsh-Hadamard rotated (spreads outlier channels)\n"
+          "  --select BUDGET[:SINK[:RECENT]]   block selection (Quest): each step reads, per KV head, the\n"
+          "                blocks whose key bounds promise the largest scores, BUDGET tokens in all, always\n"
+          "                with those of the first SINK and last RECENT tokens (defaults 0); not with --serve\n"
           "  --k-dtype T / --v-dtype T   K or V alone (overrides --kv-dtype for that half)\n"
           "  --layer-dtypes SPEC  per layer, K and V alike: comma-separated T or T:N; T:N takes N layers\n"
           "                in order, one item without :N takes the layers left over, in its place;\n"
@@ -317,6 +321,15 @@ static void parse_args(int argc, char **argv, options *o) {
     } else if (strcmp(f, "--layer-dtypes") == 0) o->layer_spec = v;
     else if (strcmp(f, "--int-scores") == 0) o->int_scores = parse_int(f, v, 0, 1);
     else if (strcmp(f, "--int-values") == 0) o->int_values = parse_int(f, v, 0, 1);
+    else if (strcmp(f, "--select") == 0) {
+      char *end;
+      long b = strtol(v, &end, 10), sk = 0, rc = 0;
+      if (*end == ':') sk = strtol(end + 1, &end, 10);
+      if (*end == ':') rc = strtol(end + 1, &end, 10);
+      if (*end || b < 1 || b > 1L << 24 || sk < 0 || sk > 1L << 24 || rc < 0 || rc > 1L << 24)
+        die("--select: '%s' is not BUDGET[:SINK[:RECENT]] (token counts, BUDGET >= 1)", v);
+      o->select_budget = (int)b, o->select_sink = (int)sk, o->select_recent = (int)rc;
+    }
     else if (strcmp(f, "--rotate") == 0) {
       if (strcmp(v, "none") == 0) o->rotate = 0;
       else if (strcmp(v, "k") == 0) o->rotate = KVA_ROTATE_K;
@@ -359,6 +372,7 @@ static void parse_args(int argc, char **argv, options *o) {
           (o->needle != NULL) > 1)
     die("--ppl, --ppl-tokens, --serve, --logits-tokens and --needle are separate modes: give one");
   if (o->serve && strcmp(o->mode, "chat") == 0) die("--serve runs generate mode only (not -m chat)");
+  if (o->serve && o->select_budget) die("--select: --serve attends through batch plans, which do not select blocks yet");
   if (o->n_dtypes == 0) o->dtypes[o->n_dtypes++] = KVA_F32;
   if (o->n_evict == 0) parse_evict("none", &o->evict[o->n_evict++]);
   if (o->layer_spec && o->n_dtypes > 1) die("--layer-dtypes and a --kv-dtype list do not combine");
@@ -407,6 +421,7 @@ static int build_configs(const options *o, const llm_model *m, config *cfg) {
       c->evict = &o->evict[e];
       c->cache.block_size = o->block_size;
       c->cache.rotate = o->rotate;
+      c->cache.block_bounds = o->select_budget > 0;
       if (o->layer_spec) {
         parse_layers(o->layer_spec, m->c.n_layers, c->layer);
         c->has_layers = 1;
@@ -618,6 +633,7 @@ static void generate(const options *o, config *c, int steps) {
   if (!llm_state_init(&st, &model, n_prompt < 512 ? n_prompt : 512, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
+  st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted (budget %d, sinks %d, recent %d)", c->evict->text, ev.budget, ev.n_sink, ev.n_recent);
@@ -696,6 +712,7 @@ static void chat(const options *o, config *c, int steps) {
   if (!llm_state_init(&st, &model, 512, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
+  st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
   if (!llm_sampler_init(&smp, model.c.vocab_size, o->temperature, o->topp, o->seed)) die("out of memory");
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
@@ -786,6 +803,7 @@ static void perplexity(const options *o, config *cfg, int n_cfg, const int32_t *
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
+  st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
   for (ci = 0; ci < n_cfg; ci++) {
     config *c = &cfg[ci];
     kva_cache *cache;
@@ -832,6 +850,7 @@ static void dump_logits(const options *o, config *c, const int32_t *tok, int n) 
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory (%d rows of logits)", rows);
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
+  st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted", c->evict->text);
@@ -965,6 +984,7 @@ static void serve(const options *o, config *c, int steps) {
   if (!llm_state_init(&st, &model, max_rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
+  st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
   seqs = (int *)malloc((size_t)max_rows * sizeof(int));
   nq = (int *)malloc((size_t)max_rows * sizeof(int));
   lrow = (int *)malloc((size_t)max_rows * sizeof(int));
@@ -1176,6 +1196,7 @@ static void needle_mode(const options *o, config *cfg, int n_cfg, const needle_s
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
+  st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
   for (ci = 0; ci < n_cfg; ci++) {
     config *c = &cfg[ci];
     int ok_at[NEEDLE_MAX_DEPTH][NEEDLE_MAX_CTX], n_at[NEEDLE_MAX_DEPTH][NEEDLE_MAX_CTX], ok_all = 0;

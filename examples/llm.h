@@ -905,6 +905,7 @@ typedef struct {
   int n_blocks;                  /* pool size in blocks */
   int max_seqs;                  /* live sequences at once; 0 = kvattn's default */
   int rotate;                    /* kva_cache_desc.rotate: KVA_ROTATE_K / KVA_ROTATE_V rows stored rotated */
+  int block_bounds;              /* kva_cache_desc.block_bounds: key bounds per block, for block selection */
 } llm_cache_opts;
 
 static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, kva_cache_desc *d) {
@@ -925,6 +926,7 @@ static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, 
   d->n_blocks = o->n_blocks;
   d->max_seqs = o->max_seqs;
   d->rotate = o->rotate;
+  d->block_bounds = o->block_bounds;
 }
 
 /* Blocks that hold n tokens of one sequence (+1 for a partly filled tail). */
@@ -956,6 +958,7 @@ typedef struct {
   int n_threads;       /* matrix products and kvattn calls */
   int int_scores;      /* kva_attn.int_scores of the attention calls (integer scores over INT8 / INT4 keys) */
   int int_values;      /* kva_attn.int_values of the attention calls (integer value products over INT8 / INT4 values) */
+  int select_budget, select_sink, select_recent; /* kva_attn's block selection (one sequence at a time) */
   float *x, *xb, *xb2; /* [max_rows][dim] residual stream and scratch */
   float *q, *att;      /* [max_rows][dim] */
   float *k, *v;        /* [max_rows][kv_dim] */
@@ -1006,6 +1009,9 @@ static inline void llm__attn_shape(const llm_model *m, const llm_state *s, kva_a
   a->n_threads = s->n_threads;
   a->int_scores = s->int_scores;
   a->int_values = s->int_values;
+  a->select_budget = s->select_budget;
+  a->select_sink = s->select_sink;
+  a->select_recent = s->select_recent;
 }
 
 /* The rows of n_seqs sequences, one after another: sequence i has n_q[i]
