@@ -38,6 +38,7 @@ typedef struct {
   int int_values;    /* kva_attn.int_values of its attention calls */
   kva_dtype ldt[64]; /* mixed: per-layer types (co.layer_dtype points here) */
   kva_evict ev;
+  int sel;           /* 1: no eviction; block selection (kva_attn.select_budget) at pct of the context */
   kva_cache *c;
   size_t bpt;
   double nll, kl[3]; /* sums: loss; KL over all positions, the first and the last quarter */
@@ -49,6 +50,19 @@ typedef struct {
   int bad, held_bad, checked;
   char msg[240];
 } qm_cfg;
+
+/* The row's policy; block selection reads pct of the context per step and holds everything */
+static const char *qm_policy(const qm_cfg *q) {
+  return q->sel ? "SELECT" : q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW";
+}
+/* The state's block selection for q over a context of n tokens: pct of n read, the first block's
+   4 sinks and the newest 16 tokens always (0: q does not select) */
+static void qm_select(const qm_cfg *q, llm_state *s, int n) {
+  int b = q->sel ? (int)floor((double)q->pct * n / 100.0 + 0.5) : 0;
+  s->select_budget = q->sel ? (b < 1 ? 1 : b) : 0;
+  s->select_sink = q->sel ? 4 : 0;
+  s->select_recent = q->sel ? 16 : 0;
+}
 
 typedef struct {
   double frac;
@@ -72,15 +86,17 @@ static size_t qm_row_bytes(kva_dtype t, int dim) {
   }
 }
 
-/* the bytes per token configuration co should take: every layer's K and V rows of every KV head */
+/* the bytes per token configuration co should take: every layer's K and V rows of every KV head,
+   and with block bounds each block's F16 minimum and maximum per key channel, over its tokens */
 static size_t qm_expect_bpt(const llm_cache_opts *co, int L, int G, int D) {
-  size_t b = 0;
+  size_t b = 0, bs = (size_t)(co->block_size > 0 ? co->block_size : 16);
   int l;
   for (l = 0; l < L; l++) {
     kva_dtype k = co->layer_dtype ? co->layer_dtype[l] : co->k_dtype;
     kva_dtype v = co->layer_dtype ? co->layer_dtype[l] : co->v_dtype != KVA_DTYPE_DEFAULT ? co->v_dtype : k;
     b += (size_t)G * (qm_row_bytes(k, D) + qm_row_bytes(v, D));
   }
+  if (co->block_bounds) b += ((size_t)L * (size_t)G * 4 * (size_t)D + bs - 1) / bs;
   return b;
 }
 
@@ -138,6 +154,7 @@ static kva_status qm_window(const llm_model *m, llm_state *s, qm_cfg *q, const i
   kva_status st;
   s->int_scores = q->int_scores;
   s->int_values = q->int_values;
+  qm_select(q, s, W);
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict && (st = kva_seq_set_evict(q->c, seq, &q->ev)) != KVA_OK) {
     kva_seq_free(q->c, seq);
@@ -202,6 +219,7 @@ static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokeniz
   text[0] = 0;
   s->int_scores = q->int_scores;
   s->int_values = q->int_values;
+  qm_select(q, s, m->c.seq_len);
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict) st = kva_seq_set_evict(q->c, seq, &q->ev);
   if (st == KVA_OK) {
@@ -667,13 +685,19 @@ static int qm_configurations(qm_run *R) {
       q->co.v_dtype = i ? KVA_INT8 : KVA_INT4;
       snprintf(q->name, sizeof q->name, "K %s, V %s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
     }
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < 4; i++) /* WINDOW, WINDOW + 4 sinks, H2O, block selection */
       for (j = 0; j < R->o->n_budgets && R->n_cfg < QM_MAXCFG; j++) {
         qm_cfg *q = &R->cf[R->n_cfg++];
         int b = (int)floor((double)R->o->budgets[j] * R->W / 100.0 + 0.5);
         q->kind = QK_EVICT;
         q->pct = (int)R->o->budgets[j];
         q->co.k_dtype = q->co.v_dtype = KVA_F32;
+        if (i == 3) {
+          q->sel = 1;
+          q->co.block_bounds = 1;
+          snprintf(q->name, sizeof q->name, "SELECT %ld%% (4 sinks, 16 recent)", R->o->budgets[j]);
+          continue;
+        }
         q->ev.kind = i < 2 ? KVA_EVICT_WINDOW : KVA_EVICT_H2O;
         q->ev.budget = b < 1 ? 1 : b;
         q->ev.n_sink = i ? (q->ev.budget >= 8 ? 4 : 0) : 0;
@@ -797,7 +821,8 @@ static int qm_needles(qm_run *R) {
         int ok;
         kva_status cs;
         if (q->bad) continue;
-        if (q->kind == QK_EVICT) {
+        qm_select(q, &R->st, c->context);
+        if (q->kind == QK_EVICT && !q->sel) {
           ev.budget = (int)floor((double)q->pct * c->context / 100.0 + 0.5);
           if (ev.budget < 1) ev.budget = 1;
           if (ev.n_sink > ev.budget) ev.n_sink = 0;
@@ -806,7 +831,7 @@ static int qm_needles(qm_run *R) {
         }
         R->st.int_scores = q->int_scores;
         R->st.int_values = q->int_values;
-        if ((cs = needle_run(&R->md, &R->st, &R->tz, q->c, q->kind == QK_EVICT ? &ev : NULL, c, &ok, NULL, 0)) !=
+        if ((cs = needle_run(&R->md, &R->st, &R->tz, q->c, q->kind == QK_EVICT && !q->sel ? &ev : NULL, c, &ok, NULL, 0)) !=
             KVA_OK) {
           q->bad = 1;
           snprintf(q->msg, sizeof q->msg, "ERROR needle case %d: %s", j + 1, kva_status_str(cs));
@@ -855,7 +880,7 @@ static void qm_needle_rows(qm_run *R) {
           rn(r, C_NDEPTH, R->ndep[d]);
           rn(r, C_BPT, (double)q->bpt);
           if (q->kind == QK_EVICT) {
-            rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
+            rs(r, C_POLICY, "%s", qm_policy(q));
             rn(r, C_NSINK, q->ev.n_sink);
             rn(r, C_BUDGETFRAC, q->pct / 100.0);
           }
@@ -877,7 +902,7 @@ static void qm_needle_rows(qm_run *R) {
       rn(r, C_VALUE, a);
       rn(r, C_BPT, (double)q->bpt);
       if (q->kind == QK_EVICT) {
-        rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
+        rs(r, C_POLICY, "%s", qm_policy(q));
         rn(r, C_NSINK, q->ev.n_sink);
         rn(r, C_BUDGETFRAC, q->pct / 100.0);
       }
@@ -1005,7 +1030,7 @@ static void qm_table(qm_run *R) {
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT4) i4 = q;
           if (q->kind == QK_MIXED && q->co.k_dtype == KVA_INT4) i4e = q;
           if (q->kind == QK_KV) *(q->co.k_dtype == KVA_INT4 ? &k4v8 : &k8v4) = q;
-          if (q->kind == QK_EVICT)
+          if (q->kind == QK_EVICT && !q->sel)
             for (j = 0; j < R->o->n_budgets; j++)
               if (q->pct == R->o->budgets[j]) {
                 if (q->ev.kind == KVA_EVICT_H2O) h2o[j] = q;
@@ -1105,12 +1130,12 @@ static int qm_rows(qm_run *R) {
         rn(r, C_VSCALE, q->co.v_scale);
       }
       if (q->kind == QK_EVICT) {
-        rs(r, C_POLICY, "%s", q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW");
-        rn(r, C_BUDGET, q->ev.budget);
-        rn(r, C_BUDGETFRAC, (double)q->ev.budget / R->W);
+        rs(r, C_POLICY, "%s", qm_policy(q));
+        rn(r, C_BUDGET, q->sel ? (int)floor((double)q->pct * R->W / 100.0 + 0.5) : q->ev.budget);
+        rn(r, C_BUDGETFRAC, q->sel ? q->pct / 100.0 : (double)q->ev.budget / R->W);
         rn(r, C_NSINK, q->ev.n_sink);
         if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
-        rn(r, C_BHELD, (double)q->bpt * (q->ev.budget < R->W ? q->ev.budget : R->W));
+        rn(r, C_BHELD, (double)q->bpt * (!q->sel && q->ev.budget < R->W ? q->ev.budget : R->W));
       } else {
         rs(r, C_POLICY, "none");
         rn(r, C_BHELD, (double)q->bpt * R->W);
