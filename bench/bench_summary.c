@@ -438,6 +438,112 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   rows_free(&d);
 }
 
+/* Block selection (kva_attn.select_budget = SEL_BUDGET, SEL_SINK sink and SEL_RECENT recent tokens) on
+   GQA decode, cold, in turns, 1 thread, blocks of 16 scattered over the pool (a server's pool after a
+   while): per dtype the selected step against the full step over the same cache (which keeps block
+   bounds), at the largest --ctx and 4x it, and a full step over a cache of as many tokens as a
+   selected step reads ("attention alone"): the rest of the selected step is the ranking. Rows:
+   section decode_select. */
+enum { SEL_BUDGET = 2048, SEL_SINK = 16, SEL_RECENT = 64, SEL_ND = 3 };
+static void run_select_block(const opts *o, const machine *m) {
+  static const kva_dtype sdt[SEL_ND] = {KVA_F16, KVA_INT8, KVA_INT4};
+  const double goal[2] = {0.15, 0.08};
+  shape s = variant_shape(V_GQA, o->H, o->G, o->D);
+  long ctxs[2];
+  int nc = o->quick ? 1 : 2, ci, i, n;
+  uint64_t rng = o->seed + 11;
+  float *q = rand_floats((size_t)s.H * s.D, &rng), *out = (float *)xalloc((size_t)s.H * s.DV * 4);
+  rows t = {0};
+  char title[600];
+  static const vcol v[] = {{C_DTYPE, "dtype", FM_STR},     {C_CTX, "tokens", FM_SEP},      {C_BASET, "full ms", FM_MS},
+                           {C_TMED, "selected ms", FM_MS}, {C_RATIO, "vs full", FM_X},     {C_PASS, "speed goal", FM_STR},
+                           {C_VALUE, "ranking share", FM_PCT}, {C_BFRAC, "+bytes", FM_PCT}, {C_NOTE, "note", FM_STR}};
+  ctxs[0] = max_ctx(o);
+  ctxs[1] = 4 * max_ctx(o);
+  for (ci = 0; ci < nc; ci++) {
+    kva_cache *c[SEL_ND][2];
+    int seq[SEL_ND][2];
+    kva_status st[SEL_ND][2];
+    call_ctx x[3 * SEL_ND];
+    call_fn f[3 * SEL_ND];
+    timing tm[3 * SEL_ND];
+    for (i = 0; i < SEL_ND; i++) {
+      progress("block selection: %s ctx=%ld, filling the caches", kva_dtype_name(sdt[i]), ctxs[ci]);
+      g_build_bounds = 1;
+      st[i][0] = build_cache(&s, sdt[i], ctxs[ci], 1, 16, 1, 1.0f, 1.0f, NULL, NULL, &rng, &c[i][0], &seq[i][0]);
+      g_build_bounds = 0;
+      st[i][1] = build_cache(&s, sdt[i], SEL_BUDGET, 1, 16, 1, 1.0f, 1.0f, NULL, NULL, &rng, &c[i][1], &seq[i][1]);
+    }
+    for (n = 0; n < 3 * SEL_ND; n++) { /* full, selected, attention alone, per dtype */
+      int d = n / 3, k = n % 3;
+      memset(&x[n], 0, sizeof x[n]);
+      x[n].c = k == 2 ? c[d][1] : c[d][0];
+      x[n].seq = k == 2 ? seq[d][1] : seq[d][0];
+      x[n].a = shape_attn(&s, 1);
+      if (k == 1) x[n].a.select_budget = SEL_BUDGET, x[n].a.select_sink = SEL_SINK, x[n].a.select_recent = SEL_RECENT;
+      x[n].q = q;
+      x[n].n_q = 1;
+      x[n].out = out;
+      f[n] = call_cache;
+      if (st[d][k == 2] != KVA_OK) x[n].c = NULL;
+    }
+    progress("block selection: ctx=%ld, timed in turns, cold", ctxs[ci]);
+    for (n = 0; n < 3 * SEL_ND; n++)
+      if (!x[n].c) break;
+    if (n == 3 * SEL_ND) time_interleaved(f, x, n, 1, o->reps_set ? o->reps : (o->reps > 9 ? o->reps : 9), tm);
+    progress_end();
+    for (i = 0; i < SEL_ND; i++) {
+      row *w = rows_add(&t, "decode_select");
+      set_shape_cols(w, &s, sdt[i]);
+      rn(w, C_CTX, (double)ctxs[ci]);
+      rn(w, C_THREADS, 1);
+      rs(w, C_MODE, "cold");
+      rn(w, C_BLOCK, 16);
+      rn(w, C_BUDGET, SEL_BUDGET);
+      rn(w, C_NSINK, SEL_SINK);
+      rn(w, C_NRECENT, SEL_RECENT);
+      if (n < 3 * SEL_ND || tm[3 * i].st != KVA_OK || tm[3 * i + 1].st != KVA_OK || tm[3 * i + 2].st != KVA_OK) {
+        rs(w, C_NOTE, "ERROR: %s", kva_status_str(n < 3 * SEL_ND ? KVA_ERR_NOMEM : tm[3 * i + 1].st));
+        g_failed = 1;
+        continue;
+      }
+      set_timing(w, &tm[3 * i + 1]);
+      set_base_timing(w, &tm[3 * i]);
+      rn(w, C_RATIO, tm[3 * i + 1].med / tm[3 * i].med);
+      rn(w, C_VALUE, 1.0 - tm[3 * i + 2].med / tm[3 * i + 1].med);
+      { /* the bounds' bytes over the rows' */
+        kva_cache_desc d = shape_desc(&s, 1, sdt[i]);
+        size_t plain = kva_cache_bytes_per_token(&d);
+        d.block_bounds = 1;
+        rn(w, C_BFRAC, (double)(kva_cache_bytes_per_token(&d) - plain) / (double)plain);
+      }
+      if (sdt[i] == KVA_F16 && !o->quick && ctxs[ci] >= 32768) { /* the goals are the issue's, at 32K and 128K */
+        int met = tm[3 * i + 1].med / tm[3 * i].med <= goal[ci];
+        rn(w, C_EXPECTED, goal[ci]);
+        rs(w, C_PASS, "<= %.2f %s", goal[ci], met ? "met" : "missed");
+        g_goals++, g_goals_met += met;
+      }
+      (void)m;
+    }
+    for (i = 0; i < SEL_ND; i++) {
+      if (c[i][0]) kva_cache_destroy(c[i][0]);
+      if (c[i][1]) kva_cache_destroy(c[i][1]);
+    }
+  }
+  if (g_fmt == OUT_TABLE) {
+    snprintf(title, sizeof title,
+             "Block selection (kva_attn.select_budget): GQA (H=%d G=%d D=%d) decode reading %d tokens (%d sink,\n"
+             "  %d recent) against the full step, 1 thread, cold, in turns, blocks of 16 scattered. ranking\n"
+             "  share = 1 - (full step over %d tokens) / selected step; +bytes = block bounds over the rows",
+             o->H, o->G, o->D, SEL_BUDGET, SEL_SINK, SEL_RECENT, SEL_BUDGET);
+    print_table(title, v, NV(v), &t, -1);
+  }
+  emit_rows(&t);
+  rows_free(&t);
+  free(q);
+  free(out);
+}
+
 /* the summary after the memory table and the machine: decode per variant, then per dtype */
 void summary_speed(const opts *o, const machine *m) {
   rows t = {0};
@@ -459,5 +565,6 @@ void summary_speed(const opts *o, const machine *m) {
   emit_rows(&t);
   run_rotation_store(o);
   rows_free(&t);
+  run_select_block(o, m);
   run_limits(o, m);
 }

@@ -874,7 +874,7 @@ const float *pool_at(uint64_t *rng, size_t need) {
    spread over the pool in a shuffled order (a server's pool after a while), else
    they are consecutive. k_scale/v_scale: FP8 scales (1.0 for timing). vdt: V's storage type
    (KVA_DTYPE_DEFAULT: the same as K's). */
-int g_build_rotate;
+int g_build_rotate, g_build_bounds;
 
 kva_status build_cache_kv(const shape *s, kva_dtype dt, kva_dtype vdt, long ctx, int tail, int bs, int scatter,
                                  float k_scale, float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
@@ -892,6 +892,7 @@ kva_status build_cache_kv(const shape *s, kva_dtype dt, kva_dtype vdt, long ctx,
   d.k_scale = k_scale;
   d.v_scale = v_scale;
   d.rotate = s->kind == KVA_CACHE_KV ? g_build_rotate : 0;
+  d.block_bounds = g_build_bounds;
   if (scatter) helpers = nb < 256 ? (int)nb : 256;
   d.max_seqs = 1 + helpers;
   st = kva_cache_create(&d, &c);

@@ -331,6 +331,7 @@ kva_status build_cache_kv(const shape *s, kva_dtype dt, kva_dtype vdt, long ctx,
                           float k_scale, float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
                           kva_cache **out, int *seq_out);
 extern int g_build_rotate; /* kva_cache_desc.rotate of the KV caches the two below build (0: none) */
+extern int g_build_bounds; /* kva_cache_desc.block_bounds of the caches the two below build */
 kva_status build_cache(const shape *s, kva_dtype dt, long ctx, int tail, int bs, int scatter, float k_scale,
                        float v_scale, const float *k_all, const float *v_all, uint64_t *rng,
                        kva_cache **out, int *seq_out);
