@@ -517,7 +517,7 @@ static void run_select_block(const opts *o, const machine *m) {
         d.block_bounds = 1;
         rn(w, C_BFRAC, (double)(kva_cache_bytes_per_token(&d) - plain) / (double)plain);
       }
-      if (sdt[i] == KVA_F16 && !o->quick && ctxs[ci] >= 32768) { /* the goals are the issue's, at 32K and 128K */
+      if (sdt[i] == KVA_F16 && !o->quick && ctxs[ci] >= 32768) { /* the goals hold at 32K and 128K tokens */
         int met = tm[3 * i + 1].med / tm[3 * i].med <= goal[ci];
         rn(w, C_EXPECTED, goal[ci]);
         rs(w, C_PASS, "<= %.2f %s", goal[ci], met ? "met" : "missed");

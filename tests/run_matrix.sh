@@ -140,7 +140,8 @@ build_tests() {
 # the steps that build with the same flags (one builds, the others wait on
 # its lock and reuse the object).
 OWN_COPY_SRCS=(tests/test_attend.c tests/test_batch.c tests/test_paged.c tests/test_paged_weak.c
-               tests/test_iscores.c tests/test_ivalues.c tests/test_kernels.c tests/test_rotate.c tests/test_seqio.c)
+               tests/test_iscores.c tests/test_ivalues.c tests/test_select.c tests/test_kernels.c tests/test_rotate.c
+               tests/test_seqio.c)
 own_copy() {
     local s
     for s in "${OWN_COPY_SRCS[@]}"; do [ "$s" = "$1" ] && return 0; done
@@ -307,7 +308,7 @@ s_asan_ubsan() {
 # running: the sections that run the vector kernels, at the quick sizes
 VECTOR_SRCS=(tests/test_main.c tests/test_numerics.c tests/test_attend.c tests/test_cache.c tests/test_mla.c
              tests/test_gqa.c tests/test_quant.c tests/test_fp8bulk.c tests/test_batch.c tests/test_kernels.c
-             tests/test_strided.c tests/test_int4.c tests/test_iscores.c tests/test_ivalues.c)
+             tests/test_strided.c tests/test_int4.c tests/test_iscores.c tests/test_ivalues.c tests/test_select.c)
 s_asan_ubsan_native() {
     local d=$B/asan-ubsan-native
     need_header && need_tests || return 1
@@ -535,7 +536,7 @@ s_neon() {
             run env KVA_TEST_QUICK=1 QEMU_CPU=max "$QEMU_AARCH64" "$B/neon/kvattn_test" || return 1
         mkdir -p "$B/neon-nodot"
         x "$AARCH64_CC" -std=c99 -O2 -static -DKT_ISA_SECTIONS "${INC[@]}" tests/test_main.c tests/test_kernels.c \
-            tests/test_iscores.c tests/test_ivalues.c -o "$B/neon-nodot/kvattn_test" -lm &&
+            tests/test_iscores.c tests/test_ivalues.c tests/test_select.c -o "$B/neon-nodot/kvattn_test" -lm &&
             run env KVA_TEST_QUICK=1 "$QEMU_AARCH64" "$B/neon-nodot/kvattn_test"
     fi
 }

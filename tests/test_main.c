@@ -19,11 +19,11 @@ const char *kt_test_name;
 /* the native sanitizer build of the test matrix: the sections whose cases run
    the vector kernels (the baseline sanitizer build runs every section) */
 #define KT_SECTIONS(X) \
-  X(numerics) X(attend) X(cache) X(mla) X(gqa) X(quant) X(fp8bulk) X(batch) X(kernels) X(strided) X(int4) X(iscores) X(ivalues)
+  X(numerics) X(attend) X(cache) X(mla) X(gqa) X(quant) X(fp8bulk) X(batch) X(kernels) X(strided) X(int4) X(iscores) X(ivalues) X(select)
 #elif defined(KT_ISA_SECTIONS)
 /* the matrix's second NEON build (without the dot-product extension): the
    sections that test the kernels themselves */
-#define KT_SECTIONS(X) X(kernels) X(iscores) X(ivalues)
+#define KT_SECTIONS(X) X(kernels) X(iscores) X(ivalues) X(select)
 #else
 #define KT_SECTIONS(X) \
   X(numerics)          \
@@ -39,7 +39,7 @@ const char *kt_test_name;
   X(tree) X(seqio)     \
   X(groups)            \
   X(rotate) X(int4)   \
-  X(iscores) X(ivalues) X(errors) X(seqmem)
+  X(iscores) X(ivalues) X(select) X(errors) X(seqmem)
 #endif
 
 #define KT_DECLARE(name) void test_##name(void);
