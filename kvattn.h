@@ -3255,6 +3255,7 @@ typedef struct {
   int tree_n;
   int slots_are_positions;            /* key j sits at position j (before tree_base): nothing evicted */
   const int32_t *sel_first;           /* block selection, no block_pos: table[i]'s first token's position */
+  const uint16_t *bounds;             /* paged, block bounds: [block][G][2][head dim] F16, or NULL */
 } kva__kv_view;
 
 /* Tree attention (speculative decoding): node i's parent is parent[i] < i,
@@ -6302,6 +6303,7 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->block_pos = c->block_pos ? c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs : NULL;
   w->block_size = c->bs;
   w->n_kv_heads = c->G;
+  w->bounds = c->block_bounds ? kva__bounds_ptr(c, layer, 0, 0) : NULL;
   if (s->evict.kind == KVA_EVICT_H2O) /* attention adds to the scores; the append made every block private */
     w->key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
 }
@@ -6341,10 +6343,11 @@ static int kva__int32_cmp(const void *a, const void *b) {
 /* The blocks one query token (q: its [H][D] row) reads of KV head g, of
    the first n held tokens (those up to its own, causal): their indices in
    the sequence's table, ascending, into sel; returns how many. */
-static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int n, int layer,
-                                     const kva__attn_params *P, const float *q, int g, int32_t *sel) {
-  const int bs = c->bs, nb = (n + bs - 1) / bs;
-  const int32_t *table = kva__layer_table(c, s, layer);
+static inline int kva__select_blocks(const kva__kv_view *w, int n, const kva__attn_params *P, const float *q, int g,
+                                     int32_t *sel) {
+  const int bs = w->block_size, nb = (n + bs - 1) / bs;
+  const int32_t *table = w->table;
+  const size_t head_bounds = 2 * (size_t)P->D, block_bounds = (size_t)w->n_kv_heads * head_bounds;
   float hb[KVA__SELECT_MAX_BLOCKS];
   int32_t hi[KVA__SELECT_MAX_BLOCKS];
   int sink_end = (int)(((long)P->select_sink + bs - 1) / bs), recent_begin, i, r, k, kept = 0, count = 0;
@@ -6363,12 +6366,13 @@ static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int 
   k = left > 0 ? (int)(left / bs) : 0;
   if (k > recent_begin - sink_end) k = recent_begin - sink_end;
   for (i = sink_end; i < recent_begin && k > 0; i++) {
-    const uint16_t *lohi = kva__bounds_ptr(c, layer, table[i], g);
+    const uint16_t *lohi = w->bounds + (size_t)table[i] * block_bounds + (size_t)g * head_bounds;
     float bound = -INFINITY;
     /* blocks sit anywhere in the pool: without this each one's bounds are a
        cache miss, which cost more than the bound's arithmetic */
     if (i + KVA__SELECT_AHEAD < recent_begin)
-      kva__prefetch_span(kva__bounds_ptr(c, layer, table[i + KVA__SELECT_AHEAD], g), 4 * (size_t)P->D);
+      kva__prefetch_span(w->bounds + (size_t)table[i + KVA__SELECT_AHEAD] * block_bounds + (size_t)g * head_bounds,
+                         4 * (size_t)P->D);
     for (r = 0; r < P->R; r += 4) { /* four query heads per pass over the bounds */
       const float *qr[4];
       float b[4];
@@ -6396,38 +6400,40 @@ static inline int kva__select_blocks(const kva_cache *c, const kva__seq *s, int 
   return count;
 }
 
-/* Attention of the newest n_q tokens over the blocks kva__select_blocks
-   picks, per query token and KV head: one pass each over a view of those
-   blocks only (positions from block_pos, or from each block's index). */
-static inline void kva__attend_selected(const kva_cache *c, const kva__seq *s, int layer, const kva__attn_params *P,
-                                        const kva__kv_view *w, const float *q, int n_q, int32_t q_base, float *out,
-                                        float *lse, int n_threads) {
+/* Query token i (of the newest n_q of a sequence holding len tokens) and
+   KV head g over the blocks kva__select_blocks picks: one pass over a view
+   of those blocks only (positions from block_pos, or from each block's
+   index). out / lse: the call's rows, as kva__attend_all's. */
+static inline void kva__attend_selected_one(const kva__attn_params *P, const kva__kv_view *w, int len, int n_q, int i,
+                                            int g, const float *q, int32_t q_base, float *out, float *lse) {
+  int32_t sel[KVA__SELECT_MAX_BLOCKS], phys[KVA__SELECT_MAX_BLOCKS], first[KVA__SELECT_MAX_BLOCKS];
+  /* a causal query token sees the tokens up to its own */
+  const int bs = w->block_size, n = P->non_causal ? len : len - n_q + i + 1, nb = (n + bs - 1) / bs;
+  int k, nsel, n_read;
+  kva__kv_view ws = *w;
+  kva__pass ps;
+  nsel = kva__select_blocks(w, n, P, q + (size_t)i * P->q_stride, g, sel);
+  for (k = 0; k < nsel; k++) {
+    phys[k] = w->table[sel[k]];
+    first[k] = sel[k] * bs;
+  }
+  n_read = nsel == 0 ? 0 : (nsel - 1) * bs + (sel[nsel - 1] == nb - 1 ? n - (nb - 1) * bs : bs);
+  ws.table = phys;
+  ws.sel_first = w->block_pos ? NULL : first;
+  ws.slots_are_positions = 0;
+  ps = kva__pass_base(P, &ws, q, NULL, q_base);
+  kva__pass_rows(&ps, 0, n_read, g, 1, i * P->R, P->R);
+  ps.out = out, ps.lse = lse;
+  kva__attend_rows(&ps);
+}
+/* Every query token and KV head of a cache call that selects */
+static inline void kva__attend_selected(const kva__attn_params *P, const kva__kv_view *w, int len, const float *q,
+                                        int n_q, int32_t q_base, float *out, float *lse, int n_threads) {
   int items = n_q * P->G, it, nt = kva__threads(n_threads);
   if (nt > items) nt = items;
   (void)nt;
   KVA__OMP_FOR(nt)
-  for (it = 0; it < items; it++) {
-    int32_t sel[KVA__SELECT_MAX_BLOCKS], phys[KVA__SELECT_MAX_BLOCKS], first[KVA__SELECT_MAX_BLOCKS];
-    /* a causal query token sees the tokens up to its own */
-    const int i = it / P->G, g = it % P->G, n = P->non_causal ? s->len : s->len - n_q + i + 1;
-    const int nb = (n + c->bs - 1) / c->bs;
-    int k, nsel, n_read;
-    kva__kv_view ws = *w;
-    kva__pass ps;
-    nsel = kva__select_blocks(c, s, n, layer, P, q + (size_t)i * P->q_stride, g, sel);
-    for (k = 0; k < nsel; k++) {
-      phys[k] = w->table[sel[k]];
-      first[k] = sel[k] * c->bs;
-    }
-    n_read = nsel == 0 ? 0 : (nsel - 1) * c->bs + (sel[nsel - 1] == nb - 1 ? n - (nb - 1) * c->bs : c->bs);
-    ws.table = phys;
-    ws.sel_first = w->block_pos ? NULL : first;
-    ws.slots_are_positions = 0;
-    ps = kva__pass_base(P, &ws, q, NULL, q_base);
-    kva__pass_rows(&ps, 0, n_read, g, 1, i * P->R, P->R);
-    ps.out = out, ps.lse = lse;
-    kva__attend_rows(&ps);
-  }
+  for (it = 0; it < items; it++) kva__attend_selected_one(P, w, len, n_q, it / P->G, it % P->G, q, q_base, out, lse);
 }
 
 /* kva_attend_cache, and with lse non-NULL also each row's log-sum-exp [n_q][n_heads] */
@@ -6490,7 +6496,7 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
       P.q_stride = (size_t)P.H * (size_t)P.D;
     }
     if (selecting)
-      kva__attend_selected(c, s, layer, &P, &w, q, n_q, (int32_t)(s->pos - n_q), out, lse, a->n_threads);
+      kva__attend_selected(&P, &w, s->len, q, n_q, (int32_t)(s->pos - n_q), out, lse, a->n_threads);
     else
       kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
                       KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
@@ -6559,8 +6565,9 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
                                  int items_total, int *u, int *pi, int *mi) {
   int chunks = (n_q * P->R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = s->evict.kind == KVA_EVICT_H2O, g, ch, k;
   int S = kva__kv_splits(items_total, s->len, h2o);
+  const int selects = P->select_budget > 0 && s->len > P->select_budget;
   for (g = 0; g < P->G && chunks > 0; g++) {
-    if (h2o) { /* one unit per KV head: its chunks add to the same key scores */
+    if (h2o || selects) { /* one unit per KV head: its chunks add to the same key scores; or it selects */
       kva__unit un = {0, 0, 0, 0, 0, 0, -1};
       un.seq = i; un.g = g; un.n_chunks = chunks; un.kv1 = s->len;
       if (b) b->units[*u] = un;
@@ -6623,8 +6630,11 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q)), KVA_ERR_ARG);
   if (kva__attn_resolve(a, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
-  KVA__REFUSE_WHY(c, P.select_budget > 0, KVA_ERR_UNSUPPORTED,
-                  "block selection (a->select_budget) runs in kva_attend_cache, not yet in batch plans");
+  KVA__REFUSE_WHY(c,
+                  P.select_budget > 0 && ((long)P.select_sink + c->bs - 1) / c->bs + P.select_budget / c->bs +
+                                                 ((long)P.select_recent + c->bs - 1) / c->bs + 1 >
+                                             KVA__SELECT_MAX_BLOCKS,
+                  KVA_ERR_ARG, "select_sink, select_budget and select_recent span more than 2,048 blocks");
   KVA__REFUSE_WHY(c, P.G != c->G, KVA_ERR_ARG, "a->n_kv_heads differs from the cache's n_kv_heads");
   KVA__REFUSE_WHY(c, P.D != c->D, KVA_ERR_ARG, "a->head_dim differs from the cache's head_dim");
   KVA__REFUSE_WHY(c, P.DV != c->DV, KVA_ERR_ARG, "a->v_dim differs from the cache's v_dim");
@@ -6636,6 +6646,12 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     KVA__REFUSE(c, n_q[i] > s->last_append, KVA_ERR_STEP);
     KVA__REFUSE(c, (int64_t)rows_total + n_q[i] > INT_MAX / P.H, KVA_ERR_ARG);
     KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK, KVA_ERR_ARG);
+    if (P.select_budget > 0 && s->len > P.select_budget) { /* this sequence selects: as kva_attend_cache */
+      KVA__REFUSE_WHY(c, !c->block_bounds, KVA_ERR_UNSUPPORTED,
+                      "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)");
+      KVA__REFUSE_WHY(c, a->tree_parent || s->evict.kind == KVA_EVICT_H2O, KVA_ERR_UNSUPPORTED,
+                      "block selection does not combine with tree attention or H2O's scores");
+    }
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
@@ -6782,6 +6798,14 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
     float *os = b->out + (size_t)b->q_row[un->seq] * P->o_stride;
     float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
     kva__pass ps = kva__pass_base(P, &b->views[un->seq], qs, NULL, (int32_t)(b->pos[un->seq] - b->n_q[un->seq]));
+    if (P->select_budget > 0 && b->len[un->seq] > P->select_budget) { /* token by token, as kva_attend_cache */
+      for (k = 0; k < b->n_q[un->seq]; k++) {
+        kva__attend_selected_one(P, &b->views[un->seq], b->len[un->seq], b->n_q[un->seq], k, un->g, qs,
+                                 (int32_t)(b->pos[un->seq] - b->n_q[un->seq]), os, ls);
+        if (b->rotate & KVA_ROTATE_V) kva__rotate_item(P, os, un->g, k * P->R, P->R); /* back from V's basis */
+      }
+      continue;
+    }
     for (k = 0; k < un->n_chunks; k++) {
       int c0 = un->row0 + k * KVA__MAXROWS, nrows = rows - c0 < KVA__MAXROWS ? rows - c0 : KVA__MAXROWS;
       kva__pass_rows(&ps, un->kv0, un->kv1, un->g, 1, c0, nrows);
