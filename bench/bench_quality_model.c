@@ -81,7 +81,7 @@ static size_t qm_row_bytes(kva_dtype t, int dim) {
     case KVA_INT8: return (size_t)dim + 4;
     case KVA_FP8_E4M3: case KVA_FP8_E5M2: return (size_t)dim;
     case KVA_INT4:
-      return (size_t)(dim / 32) * (4 + 4 + 16) + (dim % 32 ? 8 + (size_t)(dim % 32 + 1) / 2 : 0);
+      return (size_t)(dim / 32) * (2 + 2 + 16) + (dim % 32 ? 4 + (size_t)(dim % 32 + 1) / 2 : 0); /* F16 scale, min */
     default: return 2 * (size_t)dim; /* f16, bf16, DEFAULT (f16) */
   }
 }
