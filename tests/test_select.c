@@ -455,8 +455,13 @@ typedef struct {
   kva_dtype kt, vt;
 } sl_shape;
 
+/* 1: the next caches keep no positions (evict_support NONE): a selected block's keys then sit at
+   positions the library derives from the block's index */
+static int sl_lean;
+
 static void sl_desc(kva_cache_desc *d, const sl_shape *s, int bounds, int n_blocks, int max_seqs) {
   memset(d, 0, sizeof *d);
+  d->evict_support = sl_lean ? KVA_EVICT_SUPPORT_NONE : KVA_EVICT_SUPPORT_ALL;
   d->n_layers = s->L;
   d->n_kv_heads = s->G;
   d->head_dim = s->D;
@@ -875,8 +880,10 @@ static void sl_random(kt_rng *r) {
     n_q = n >= 2 && kt_int(r, 0, 2) == 0 ? kt_int(r, 2, n < 6 ? n : 6) : 1;
     step = n_q + kt_int(r, 0, n - n_q < 3 ? n - n_q : 3);
     nb = (n + s.bs - 1) / s.bs;
+    sl_lean = kt_int(r, 0, 1);
     c = sl_cache(&s, 1, nb + 4, 2);
     cn = sl_cache(&s, 0, nb + 4, 2);
+    sl_lean = 0;
     if (!c || !cn) {
       kva_cache_destroy(c), kva_cache_destroy(cn);
       continue;
