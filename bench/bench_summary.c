@@ -408,9 +408,12 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
     const row *r = &t->r[i];
     row *w;
     int c, k = i % ND;
-    /* warm, on one screen: f16 and int8 / int4 with float and with integer scores and values */
-    if (i >= ND && !o->full && (rotate[k] || (int_ops[k] && !(int_ops[k] & IV)) || dts[k] == KVA_FP8_E4M3 ||
-                                dts[k] == KVA_FP8_E5M2))
+    /* on one screen: cold, every dtype with float and with integer scores and values; warm, f16,
+       int8 with integer scores and values, int4 both ways; the 2-thread rows with --full (and in
+       --csv / --json) */
+    if (!o->full && (i >= 2 * ND || rotate[k] || (int_ops[k] && !(int_ops[k] & IV)) ||
+                     (i >= ND && (dts[k] == KVA_FP8_E4M3 || dts[k] == KVA_FP8_E5M2 ||
+                                  (dts[k] == KVA_INT8 && !int_ops[k])))))
       continue;
     w = rows_add(&d, "decode_dtype");
     for (c = 0; c < NCOL; c++) {
@@ -427,12 +430,10 @@ static void print_dtype_block(const rows *t, const opts *o, long err_ctx) {
   fmt_sep((double)err_ctx, ectx, sizeof ectx);
   fmt_sep((double)WARM_CTX, wctx, sizeof wctx);
   snprintf(title, sizeof title,
-           "Decode per storage dtype: GQA (H=%d G=%d D=%d), 1 thread, in turns, cold at %s tokens, then warm\n"
-           "  at %s (--full: every dtype warm), then cold again at 2 threads (f16 too). vs f16 = time / f16's;\n"
-           "  bytes = KV bytes / f16's (row of %d: int8 %zu, int4 %zu, fp8 %d, f16 %d); /bytes = vs f16 / bytes;\n"
-           "  speed goal: to aim at, not a check. +iq / +iv = integer scores / values, rot = K and V rotated.\n"
-           "  out err = relative RMS error against f32 storage (%s tokens, outlier key channels; fp8 scales\n"
-           "  max|k|/200, max|v|/100 as vLLM's rule)",
+           "Decode per storage dtype: GQA H=%d G=%d D=%d, 1 thread, in turns, cold %s tokens, warm %s\n"
+           "  (--full: every row warm; cold at 2 threads). vs f16 = time / f16's; bytes = KV bytes / f16's\n"
+           "  (row of %d: int8 %zu, int4 %zu, fp8 %d, f16 %d); /bytes = vs f16 / bytes; goal: to aim at\n"
+           "  +iq/+iv = integer scores/values; out err = rel. RMS vs f32 (%s tokens, outlier keys)",
            o->H, o->G, o->D, ctxs, wctx, o->D, i8b, i4b, o->D, 2 * o->D, ectx);
   print_table(title, v, nv, &d, -1);
   rows_free(&d);
@@ -457,7 +458,7 @@ static void run_select_block(const opts *o, const machine *m) {
   char title[600];
   static const vcol v[] = {{C_DTYPE, "dtype", FM_STR},     {C_CTX, "tokens", FM_SEP},      {C_BASET, "full ms", FM_MS},
                            {C_TMED, "selected ms", FM_MS}, {C_RATIO, "vs full", FM_X},     {C_PASS, "speed goal", FM_STR},
-                           {C_VALUE, "ranking share", FM_PCT}, {C_BFRAC, "+bytes", FM_PCT}, {C_NOTE, "note", FM_STR}};
+                           {C_VALUE, "ranking", FM_PCT}, {C_BFRAC, "+bytes", FM_PCT}, {C_NOTE, "note", FM_STR}};
   ctxs[0] = max_ctx(o);
   ctxs[1] = 4 * max_ctx(o);
   for (ci = 0; ci < nc; ci++) {
@@ -531,12 +532,22 @@ static void run_select_block(const opts *o, const machine *m) {
     }
   }
   if (g_fmt == OUT_TABLE) {
+    rows shown = {0};
+    int r, c;
+    for (r = 0; r < t.n; r++) { /* on one screen f16 (--full: int8, int4 too) */
+      row *w;
+      if (!o->full && strcmp(t.r[r].str[C_DTYPE], "f16") != 0) continue;
+      w = rows_add(&shown, "decode_select");
+      for (c = 0; c < NCOL; c++) {
+        if (t.r[r].kind[c] == 1) rn(w, c, t.r[r].num[c]);
+        else if (t.r[r].kind[c] == 2 && c != C_SECTION) rs(w, c, "%s", t.r[r].str[c]);
+      }
+    }
     snprintf(title, sizeof title,
-             "Block selection (kva_attn.select_budget): GQA (H=%d G=%d D=%d) decode reading %d tokens (%d sink,\n"
-             "  %d recent) against the full step, 1 thread, cold, in turns, blocks of 16 scattered. ranking\n"
-             "  share = 1 - (full step over %d tokens) / selected step; +bytes = block bounds over the rows",
-             o->H, o->G, o->D, SEL_BUDGET, SEL_SINK, SEL_RECENT, SEL_BUDGET);
-    print_table(title, v, NV(v), &t, -1);
+             "Block selection (GQA, 1 thread, cold; --full: int8, int4): %d tokens read (%d sink, %d recent)",
+             SEL_BUDGET, SEL_SINK, SEL_RECENT);
+    print_table(title, v, NV(v), &shown, -1);
+    rows_free(&shown);
   }
   emit_rows(&t);
   rows_free(&t);
