@@ -1181,16 +1181,22 @@ static inline float kva__scale_max_scalar(float *x, int n, float scale) {
    q_i * hi_i), lohi = d F16 minimums then d F16 maximums. Products and
    their maxima as written; the vector kernels sum in their lanes, then
    across them. */
-static inline void kva__block_bound_scalar(const float *const *q, int nr, const uint16_t *lohi, int d, float *bound) {
+/* channels i0 .. d-1 added to bound[] (the vector kernels' tails too) */
+static inline void kva__block_bound_from(const float *const *q, int nr, const uint16_t *lohi, int d, int i0,
+                                         float *bound) {
   int i, r;
-  for (r = 0; r < nr; r++) bound[r] = 0.0f;
-  for (i = 0; i < d; i++) {
+  for (i = i0; i < d; i++) {
     const float lo = kva_f16_to_f32(lohi[i]), hi = kva_f16_to_f32(lohi[d + i]);
     for (r = 0; r < nr; r++) {
       float a = q[r][i] * lo, b = q[r][i] * hi;
       bound[r] += a > b ? a : b;
     }
   }
+}
+static inline void kva__block_bound_scalar(const float *const *q, int nr, const uint16_t *lohi, int d, float *bound) {
+  int r;
+  for (r = 0; r < nr; r++) bound[r] = 0.0f;
+  kva__block_bound_from(q, nr, lohi, d, 0, bound);
 }
 
 /* a . b over n floats */
@@ -1333,7 +1339,7 @@ static inline void kva__fwht_scalar(float *x, int n) {
 #define KVA__BLOCK_BOUND(V)                                                                     \
   const float *q0 = q[0], *q1 = q[nr > 1 ? 1 : 0], *q2 = q[nr > 2 ? 2 : 0], *q3 = q[nr > 3 ? 3 : 0]; \
   V##F acc0 = V##ZERO, acc1 = acc0, acc2 = acc0, acc3 = acc0;                                   \
-  int i, r;                                                                                     \
+  int i;                                                                                        \
   for (i = 0; V##MORE(i, d); i += V##N) {                                                       \
     const V##MASK lanes = V##LANES(i, d);                                                       \
     const V##F lo = V##ROW(KVA_F16, lohi, i, lanes), hi = V##ROW(KVA_F16, lohi + d, i, lanes); \
@@ -1343,13 +1349,7 @@ static inline void kva__fwht_scalar(float *x, int n) {
   if (nr > 1) bound[1] = V##HSUM(acc1);                                                         \
   if (nr > 2) bound[2] = V##HSUM(acc2);                                                         \
   if (nr > 3) bound[3] = V##HSUM(acc3);                                                         \
-  for (; i < d; i++) {                                                                          \
-    const float lo = kva_f16_to_f32(lohi[i]), hi = kva_f16_to_f32(lohi[d + i]);                \
-    for (r = 0; r < nr; r++) {                                                                  \
-      float a = q[r][i] * lo, b = q[r][i] * hi;                                                 \
-      bound[r] += a > b ? a : b;                                                                \
-    }                                                                                           \
-  }
+  kva__block_bound_from(q, nr, lohi, d, i, bound);
 
 /* kva__scale_max_<isa>(x, n, scale): x[i] *= scale, returning the largest */
 #define KVA__SCALE_MAX(V)                                                                       \
@@ -1402,34 +1402,30 @@ static inline void kva__fwht_scalar(float *x, int n) {
 /* --- AVX2 + FMA + F16C (also compiled under AVX-512, which reuses its
    conversions and dot product) --- */
 
-/* 8 INT4 elements from i (a multiple of 8): byte k's nibbles go to lanes 2k, 2k+1 */
+/* 8 INT4 values from 4 code bytes (bytes 0-3 of b): byte k's nibbles go to lanes 2k, 2k+1, as
+   code * scale + min */
+KVA__FORCEINLINE __m256 kva__i4_values8_avx2(__m128i b, __m256 scale, __m256 min) {
+  __m256i c = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0)));
+  c = _mm256_and_si256(_mm256_srlv_epi32(c, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)), _mm256_set1_epi32(15));
+  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), scale), min);
+}
+/* 8 INT4 elements from i (a multiple of 8) */
 KVA__FORCEINLINE __m256 kva__load8_i4_avx2(const void *row, int i) {
   float s, mn;
   const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   uint32_t w;
-  __m128i b;
-  __m256i c;
   memcpy(&w, codes, 4);
-  b = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0));
-  c = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-  c = _mm256_and_si256(c, _mm256_set1_epi32(15));
-  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(s)), _mm256_set1_ps(mn));
+  return kva__i4_values8_avx2(_mm_cvtsi32_si128((int)w), _mm256_set1_ps(s), _mm256_set1_ps(mn));
 }
-
 /* 16 INT4 elements from i (a multiple of 16) as two vectors, one group's
    scale and minimum converted once */
 KVA__FORCEINLINE void kva__load16_i4_avx2(const void *row, int i, __m256 *lo, __m256 *hi) {
   float s, mn;
   const uint8_t *codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(mn);
-  const __m256i shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(15);
-  __m128i b = _mm_loadl_epi64((const __m128i *)codes);
-  __m256i c0 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0)));
-  __m256i c1 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(4, 4, 5, 5, 6, 6, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0)));
-  c0 = _mm256_and_si256(_mm256_srlv_epi32(c0, shifts), low4);
-  c1 = _mm256_and_si256(_mm256_srlv_epi32(c1, shifts), low4);
-  *lo = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c0), sv), mv);
-  *hi = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c1), sv), mv);
+  const __m128i b = _mm_loadl_epi64((const __m128i *)codes);
+  *lo = kva__i4_values8_avx2(b, sv, mv);
+  *hi = kva__i4_values8_avx2(_mm_srli_si128(b, 4), sv, mv);
 }
 
 /* 8 elements of a row from element i. E5M2 is an F16's top byte; E4M3 bits
@@ -1946,6 +1942,25 @@ KVA__FORCEINLINE __mmask16 kva__mask16(int i, int n) {
   return n - i >= 16 ? (__mmask16)0xffff : n <= i ? (__mmask16)0 : (__mmask16)((1u << (n - i)) - 1u);
 }
 
+/* An INT4 group's 16 possible values, code * scale + min, from its F16
+   scale and minimum (one broadcast word, converted in every lane pair; the
+   product is exact, so the FMA rounds as a multiply and an add would) */
+KVA__FORCEINLINE __m512 kva__i4_lut_avx512(const uint8_t *group) {
+  int32_t h;
+  __m512 sm;
+  memcpy(&h, group, sizeof h);
+  sm = _mm512_cvtph_ps(_mm256_set1_epi32(h));
+  return _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_moveldup_ps(sm),
+                         _mm512_movehdup_ps(sm));
+}
+/* 16 values from 8 code bytes (the low 8 of b) by the group's table: vpermps reads the low 4
+   bits of a lane's index, so a byte's low nibble needs no mask */
+KVA__FORCEINLINE __m512 kva__i4_pick16_avx512(__m128i b, __m512 lut) {
+  const __m128i pairs = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+  return _mm512_permutexvar_ps(
+      _mm512_srlv_epi32(_mm512_cvtepu8_epi32(pairs), _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0)),
+      lut);
+}
 /* 16 INT4 elements from i (a multiple of 16) that mask m (low lanes) selects; the
    bytes outside it are not read */
 KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 m) {
@@ -1960,19 +1975,8 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
        the low 4 bits of a lane's index, so a byte's low nibble needs no mask. The F16
        scale and minimum come as one broadcast word, converted in every lane pair. */
     const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
-    int32_t h;
-    __m512 sm, lut;
-    memcpy(&h, g, sizeof h);
-    sm = _mm512_cvtph_ps(_mm256_set1_epi32(h));
-    lut = _mm512_add_ps(_mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                      _mm512_moveldup_ps(sm)),
-                        _mm512_movehdup_ps(sm));
     codes = g + KVA__I4_PARAM_BYTES + (i % KVA__I4_GROUP) / 2;
-    __m128i b = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)codes),
-                                 _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
-    __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(b),
-                                    _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
-    return _mm512_permutexvar_ps(idx, lut);
+    return kva__i4_pick16_avx512(_mm_loadl_epi64((const __m128i *)codes), kva__i4_lut_avx512(g));
   }
   codes = kva__i4_group(row, i, &s, &mn) + (i % KVA__I4_GROUP) / 2;
   lanes = lanes - ((lanes >> 1) & 0x5555u); /* popcount of 16 bits */
@@ -1989,19 +1993,10 @@ KVA__FORCEINLINE __m512 kva__load16_i4_avx512(const void *row, int i, __mmask16 
    table of kva__load16_i4_avx512 built once for both halves */
 KVA__FORCEINLINE void kva__load32_i4_avx512(const void *row, int i, __m512 *lo, __m512 *hi) {
   const uint8_t *g = (const uint8_t *)row + (size_t)(i / KVA__I4_GROUP) * KVA__I4_GROUP_BYTES;
-  const __m512i shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-  const __m128i pairs = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  int32_t h;
-  __m128i b;
-  __m512 sm, lut;
-  memcpy(&h, g, sizeof h);
-  sm = _mm512_cvtph_ps(_mm256_set1_epi32(h));
-  lut = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_moveldup_ps(sm),
-      _mm512_movehdup_ps(sm));
-  b = _mm_loadu_si128((const __m128i *)(g + KVA__I4_PARAM_BYTES));
-  *lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, pairs)), shifts), lut);
-  *hi = _mm512_permutexvar_ps(
-      _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_unpackhi_epi64(b, b), pairs)), shifts), lut);
+  const __m512 lut = kva__i4_lut_avx512(g);
+  const __m128i b = _mm_loadu_si128((const __m128i *)(g + KVA__I4_PARAM_BYTES));
+  *lo = kva__i4_pick16_avx512(b, lut);
+  *hi = kva__i4_pick16_avx512(_mm_unpackhi_epi64(b, b), lut);
 }
 
 /* the elements of a row from element i that mask m selects (the others 0) */
@@ -3135,16 +3130,17 @@ static inline void kva__quantize_i8(int8_t *dst, const float *src, int n) {
   memcpy(dst - sizeof scale, &scale, sizeof scale);
 }
 
-/* x rounded to an F16 at or below it (at or above: kva__f16_up), saturated
-   to +-65504. */
-static inline uint16_t kva__f16_down(double x) {
-  uint16_t h;
-  x = x > 65504.0 ? 65504.0 : x < -65504.0 ? -65504.0 : x;
-  h = kva_f32_to_f16((float)x);
+/* x rounded to the F16 at or below it (at or above: kva__f16_ceil),
+   infinities kept */
+static inline uint16_t kva__f16_floor(double x) {
+  uint16_t h = kva_f32_to_f16((float)x);
   if ((double)kva_f16_to_f32(h) > x) /* one step down: a smaller magnitude, or from +0 to below 0 */
     h = h == 0 ? (uint16_t)0x8001u : (h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u);
   return h;
 }
+static inline uint16_t kva__f16_ceil(double x) { return (uint16_t)(kva__f16_floor(-x) ^ 0x8000u); }
+/* the same, saturated to +-65504 (INT4's group parameters) */
+static inline uint16_t kva__f16_down(double x) { return kva__f16_floor(x > 65504.0 ? 65504.0 : x < -65504.0 ? -65504.0 : x); }
 static inline uint16_t kva__f16_up(double x) { return (uint16_t)(kva__f16_down(-x) ^ 0x8000u); }
 
 /* INT4 row (layout at kva__row_bytes): per group, min and max of its finite
@@ -3201,24 +3197,27 @@ static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int 
   }
 }
 
+/* One stored element as the kernels read it */
+static inline float kva__stored_elem(kva_dtype t, const void *row, int i, float fp8_scale) {
+  switch (t) {
+    case KVA_F32: {
+      float x;
+      memcpy(&x, (const float *)row + i, sizeof x);
+      return x;
+    }
+    case KVA_INT8: {
+      const int8_t *codes = (const int8_t *)row + sizeof(float);
+      return kva__load1(KVA_INT8, codes, i) * kva__row_scale(KVA_INT8, codes, fp8_scale);
+    }
+    case KVA_FP8_E4M3: return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
+    case KVA_FP8_E5M2: return kva_e5m2_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
+    default: return kva__load1(t, row, i); /* F16, BF16, INT4 */
+  }
+}
 /* Dequantize one stored row: exactly what the attention kernels see. */
 static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n, float fp8_scale) {
   int i;
-  float s;
-  switch (t) {
-    case KVA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case KVA_F16: for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_F16, src, i); break;
-    case KVA_BF16: for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_BF16, src, i); break;
-    case KVA_INT8:
-      src = (const int8_t *)src + sizeof(float);
-      s = kva__row_scale(KVA_INT8, src, fp8_scale);
-      for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_INT8, src, i) * s;
-      break;
-    case KVA_FP8_E4M3: for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(((const uint8_t *)src)[i]) * fp8_scale; break;
-    case KVA_FP8_E5M2: for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(((const uint8_t *)src)[i]) * fp8_scale; break;
-    case KVA_INT4: for (i = 0; i < n; i++) dst[i] = kva__load1_i4(src, i); break;
-    default: KVATTN_ASSERT(0); break;
-  }
+  for (i = 0; i < n; i++) dst[i] = kva__stored_elem(t, src, i, fp8_scale);
 }
 
 /* ======================================================================
@@ -4751,34 +4750,10 @@ static inline uint16_t *kva__bounds_ptr(const kva_cache *c, int l, int32_t b, in
 }
 /* F16 bits in an order that compares as their values do (-0 just below +0) */
 static inline unsigned kva__f16_order(uint16_t h) { return (h & 0x8000u) ? (unsigned)(uint16_t)~h : h | 0x8000u; }
-/* x rounded to the F16 at or below it, infinities kept (kva__f16_down saturates) */
-static inline uint16_t kva__f16_floor(float x) {
-  uint16_t h = kva_f32_to_f16(x);
-  if (kva_f16_to_f32(h) > x) h = h == 0 ? (uint16_t)0x8001u : (h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u);
-  return h;
-}
-static inline uint16_t kva__f16_ceil(float x) { return (uint16_t)(kva__f16_floor(-x) ^ 0x8000u); }
 static inline void kva__bounds_reset(kva_cache *c, int l, int32_t b, int g) {
   uint16_t *lo = kva__bounds_ptr(c, l, b, g);
   int i;
   for (i = 0; i < c->D; i++) lo[i] = 0x7C00u, lo[c->D + i] = 0xFC00u; /* +Inf, -Inf: nothing yet */
-}
-/* One stored element as the kernels read it */
-static inline float kva__stored_elem(kva_dtype t, const void *row, int i, float fp8_scale) {
-  switch (t) {
-    case KVA_F32: {
-      float x;
-      memcpy(&x, (const float *)row + i, sizeof x);
-      return x;
-    }
-    case KVA_INT8: {
-      const int8_t *codes = (const int8_t *)row + sizeof(float);
-      return kva__load1(KVA_INT8, codes, i) * kva__row_scale(KVA_INT8, codes, fp8_scale);
-    }
-    case KVA_FP8_E4M3: return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
-    case KVA_FP8_E5M2: return kva_e5m2_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
-    default: return kva__load1(t, row, i); /* F16, BF16, INT4 */
-  }
 }
 /* Widen block b's bounds (layer l, head g) by the key stored in `slot`. NaN
    channels are left out. */
@@ -6320,6 +6295,22 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
 #define KVA__SELECT_MAX_BLOCKS 2048 /* blocks one selection may read: stack arrays */
 #define KVA__SELECT_AHEAD 16         /* blocks whose bounds are prefetched ahead of the one ranked */
 
+/* Does a call reading len tokens select? */
+static inline int kva__selects(const kva__attn_params *P, int len) { return P->select_budget > 0 && len > P->select_budget; }
+/* Why the fields cannot select on this cache (NULL: they can): the stack arrays' limit */
+static inline const char *kva__select_span_rule(const kva_cache *c, const kva__attn_params *P) {
+  long blocks = ((long)P->select_sink + c->bs - 1) / c->bs + P->select_budget / c->bs +
+                ((long)P->select_recent + c->bs - 1) / c->bs + 1;
+  return P->select_budget > 0 && blocks > KVA__SELECT_MAX_BLOCKS
+             ? "select_sink, select_budget and select_recent span more than 2,048 blocks"
+             : NULL;
+}
+/* Why sequence s cannot select (NULL: it can): KVA_ERR_UNSUPPORTED */
+static inline const char *kva__select_seq_rule(const kva_cache *c, const kva__seq *s, int tree) {
+  if (!c->block_bounds) return "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)";
+  if (tree || s->evict.kind == KVA_EVICT_H2O) return "block selection does not combine with tree attention or H2O's scores";
+  return NULL;
+}
 /* Does block a (bound ba) rank before block b (bound bb)? */
 static inline int kva__select_before(float ba, int32_t a, float bb, int32_t b) { return ba > bb || (ba == bb && a < b); }
 /* Restore the heap below i: the root is the worst kept block. */
@@ -6406,20 +6397,20 @@ static inline int kva__select_blocks(const kva__kv_view *w, int n, const kva__at
    index). out / lse: the call's rows, as kva__attend_all's. */
 static inline void kva__attend_selected_one(const kva__attn_params *P, const kva__kv_view *w, int len, int n_q, int i,
                                             int g, const float *q, int32_t q_base, float *out, float *lse) {
-  int32_t sel[KVA__SELECT_MAX_BLOCKS], phys[KVA__SELECT_MAX_BLOCKS], first[KVA__SELECT_MAX_BLOCKS];
+  int32_t sel[KVA__SELECT_MAX_BLOCKS], phys[KVA__SELECT_MAX_BLOCKS]; /* sel: block indices, then first positions */
   /* a causal query token sees the tokens up to its own */
   const int bs = w->block_size, n = P->non_causal ? len : len - n_q + i + 1, nb = (n + bs - 1) / bs;
   int k, nsel, n_read;
   kva__kv_view ws = *w;
   kva__pass ps;
   nsel = kva__select_blocks(w, n, P, q + (size_t)i * P->q_stride, g, sel);
+  n_read = nsel == 0 ? 0 : (nsel - 1) * bs + (sel[nsel - 1] == nb - 1 ? n - (nb - 1) * bs : bs);
   for (k = 0; k < nsel; k++) {
     phys[k] = w->table[sel[k]];
-    first[k] = sel[k] * bs;
+    sel[k] *= bs;
   }
-  n_read = nsel == 0 ? 0 : (nsel - 1) * bs + (sel[nsel - 1] == nb - 1 ? n - (nb - 1) * bs : bs);
   ws.table = phys;
-  ws.sel_first = w->block_pos ? NULL : first;
+  ws.sel_first = w->block_pos ? NULL : sel;
   ws.slots_are_positions = 0;
   ps = kva__pass_base(P, &ws, q, NULL, q_base);
   kva__pass_rows(&ps, 0, n_read, g, 1, i * P->R, P->R);
@@ -6460,18 +6451,10 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
   KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent, n_q) != KVA_OK, KVA_ERR_ARG);
   KVA__REFUSE_WHY(c, !kva__step_stored(s, layer), KVA_ERR_NOT_STORED,
                   "the step's tokens are not all stored in this layer: kva_store them before attending");
-  selecting = P.select_budget > 0 && s->len > P.select_budget;
-  if (selecting) {
-    KVA__REFUSE_WHY(c, !c->block_bounds, KVA_ERR_UNSUPPORTED,
-                    "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)");
-    KVA__REFUSE_WHY(c, a->tree_parent || s->evict.kind == KVA_EVICT_H2O, KVA_ERR_UNSUPPORTED,
-                    "block selection does not combine with tree attention or H2O's scores");
-    KVA__REFUSE_WHY(c,
-                    ((long)P.select_sink + c->bs - 1) / c->bs + P.select_budget / c->bs +
-                            ((long)P.select_recent + c->bs - 1) / c->bs + 1 >
-                        KVA__SELECT_MAX_BLOCKS,
-                    KVA_ERR_ARG, "select_sink, select_budget and select_recent span more than 2,048 blocks");
-  }
+  selecting = kva__selects(&P, s->len);
+  if (selecting && (why = kva__select_seq_rule(c, s, a->tree_parent != NULL)) != NULL)
+    return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, why);
+  if (selecting && (why = kva__select_span_rule(c, &P)) != NULL) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
   kva__cache_view(c, s, layer, &w);
   w.tree_parent = a->tree_parent;
   w.tree_base = (int32_t)(s->pos - n_q);
@@ -6565,7 +6548,7 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
                                  int items_total, int *u, int *pi, int *mi) {
   int chunks = (n_q * P->R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = s->evict.kind == KVA_EVICT_H2O, g, ch, k;
   int S = kva__kv_splits(items_total, s->len, h2o);
-  const int selects = P->select_budget > 0 && s->len > P->select_budget;
+  const int selects = kva__selects(P, s->len);
   for (g = 0; g < P->G && chunks > 0; g++) {
     if (h2o || selects) { /* one unit per KV head: its chunks add to the same key scores; or it selects */
       kva__unit un = {0, 0, 0, 0, 0, 0, -1};
@@ -6630,11 +6613,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_q)), KVA_ERR_ARG);
   if (kva__attn_resolve(a, &P, &why) != KVA_OK) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
-  KVA__REFUSE_WHY(c,
-                  P.select_budget > 0 && ((long)P.select_sink + c->bs - 1) / c->bs + P.select_budget / c->bs +
-                                                 ((long)P.select_recent + c->bs - 1) / c->bs + 1 >
-                                             KVA__SELECT_MAX_BLOCKS,
-                  KVA_ERR_ARG, "select_sink, select_budget and select_recent span more than 2,048 blocks");
+  if ((why = kva__select_span_rule(c, &P)) != NULL) return kva__refuse(c, KVA_ERR_ARG, __func__, why);
   KVA__REFUSE_WHY(c, P.G != c->G, KVA_ERR_ARG, "a->n_kv_heads differs from the cache's n_kv_heads");
   KVA__REFUSE_WHY(c, P.D != c->D, KVA_ERR_ARG, "a->head_dim differs from the cache's head_dim");
   KVA__REFUSE_WHY(c, P.DV != c->DV, KVA_ERR_ARG, "a->v_dim differs from the cache's v_dim");
@@ -6646,12 +6625,8 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     KVA__REFUSE(c, n_q[i] > s->last_append, KVA_ERR_STEP);
     KVA__REFUSE(c, (int64_t)rows_total + n_q[i] > INT_MAX / P.H, KVA_ERR_ARG);
     KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK, KVA_ERR_ARG);
-    if (P.select_budget > 0 && s->len > P.select_budget) { /* this sequence selects: as kva_attend_cache */
-      KVA__REFUSE_WHY(c, !c->block_bounds, KVA_ERR_UNSUPPORTED,
-                      "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)");
-      KVA__REFUSE_WHY(c, a->tree_parent || s->evict.kind == KVA_EVICT_H2O, KVA_ERR_UNSUPPORTED,
-                      "block selection does not combine with tree attention or H2O's scores");
-    }
+    if (kva__selects(&P, s->len) && (why = kva__select_seq_rule(c, s, a->tree_parent != NULL)) != NULL)
+      return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, why); /* as kva_attend_cache */
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
@@ -6798,7 +6773,7 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
     float *os = b->out + (size_t)b->q_row[un->seq] * P->o_stride;
     float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
     kva__pass ps = kva__pass_base(P, &b->views[un->seq], qs, NULL, (int32_t)(b->pos[un->seq] - b->n_q[un->seq]));
-    if (P->select_budget > 0 && b->len[un->seq] > P->select_budget) { /* token by token, as kva_attend_cache */
+    if (kva__selects(P, b->len[un->seq])) { /* token by token, as kva_attend_cache */
       for (k = 0; k < b->n_q[un->seq]; k++) {
         kva__attend_selected_one(P, &b->views[un->seq], b->len[un->seq], b->n_q[un->seq], k, un->g, qs,
                                  (int32_t)(b->pos[un->seq] - b->n_q[un->seq]), os, ls);
