@@ -4772,8 +4772,8 @@ static inline void kva__bounds_add(kva_cache *c, int l, int32_t b, int g, int sl
     } else {
       float x = kva__stored_elem(t, row, i, fs);
       if (x != x) continue;
-      down = kva__f16_floor(x);
-      up = kva__f16_ceil(x);
+      down = kva__f16_floor((double)x);
+      up = kva__f16_ceil((double)x);
     }
     if (kva__f16_order(down) < kva__f16_order(lo[i])) lo[i] = down;
     if (kva__f16_order(up) > kva__f16_order(hi[i])) hi[i] = up;
