@@ -367,7 +367,7 @@ typedef struct {
                                      follow), spreading outlier channels before quantization (KV only) */
   int block_bounds;               /* 0 => none; 1 => per block, layer and KV head the channel-wise minimum
                                      and maximum of the stored keys (F16, rounded outward), which
-                                     kva_attn.select_budget ranks blocks by (not with n_groups yet) */
+                                     kva_attn.select_budget ranks blocks by */
   int n_groups;                   /* 0 => one FULL group; else groups[n_groups], at most KVA_MAX_GROUPS */
   const kva_layer_group *groups;
   const int *layer_group;         /* NULL => every layer in group 0; else [n_layers] group indices.
@@ -4241,7 +4241,7 @@ struct kva_cache {
   unsigned char **pool;     /* [n_layers] */
   int32_t *block_pos;       /* [n_layers][n_blocks][G][bs], NULL: evict_support NONE (position = slot) */
   float *block_score;       /* [n_layers][n_blocks][G][bs] H2O accumulated attention, NULL unless ALL */
-  uint16_t *block_bounds;   /* [n_layers][n_blocks][G][2][D] F16 key minimums then maximums, NULL unless
+  uint16_t *block_bounds;   /* [n_layers][n_blocks + 1][G][2][D] F16 key minimums then maximums, NULL unless
                                kva_cache_desc.block_bounds */
   int32_t *victims;         /* [n_blocks * bs] eviction scratch */
   unsigned char *victim_flag; /* [n_blocks * bs] */
@@ -4420,7 +4420,8 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
                        ? NULL
                        : (float *)kva__carve(L, layers * slots * (size_t)c->G, sizeof(float));
   c->block_bounds =
-      !c->bounds ? NULL : (uint16_t *)kva__carve(L, layers * blocks * (size_t)c->G * 2 * (size_t)c->D, sizeof(uint16_t));
+      !c->bounds ? NULL
+                 : (uint16_t *)kva__carve(L, layers * (blocks + 1) * (size_t)c->G * 2 * (size_t)c->D, sizeof(uint16_t));
   c->victims = (int32_t *)kva__carve(L, slots, sizeof(int32_t));
   c->victim_flag = (unsigned char *)kva__carve(L, slots, 1);
   c->blk = (kva__block *)kva__carve(L, blocks + 2, sizeof(kva__block));
@@ -4551,7 +4552,6 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   KVA__DESC_RULE(d, d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V), KVA_ERR_ARG);
   KVA__DESC_RULE(d, d->rotate && d->kind == KVA_CACHE_LATENT, KVA_ERR_UNSUPPORTED); /* V is a prefix of K there */
   KVA__DESC_RULE(d, d->block_bounds < 0 || d->block_bounds > 1, KVA_ERR_ARG);
-  KVA__DESC_RULE(d, d->block_bounds && d->n_groups > 0, KVA_ERR_UNSUPPORTED); /* spans keep their own blocks */
   memset(shape, 0, sizeof *shape);
   shape->kind = (kva_cache_kind)d->kind;
   shape->n_layers = d->n_layers;
@@ -4746,7 +4746,9 @@ static inline float *kva__score_ptr(const kva_cache *c, int l, int32_t b, int g,
    import rebuild them from the held slots. Overwritten or truncated keys
    may stay inside (a looser bound, never a tighter one). */
 static inline uint16_t *kva__bounds_ptr(const kva_cache *c, int l, int32_t b, int g) {
-  return c->block_bounds + (((size_t)l * (size_t)c->n_blocks + (size_t)b) * (size_t)c->G + (size_t)g) * 2 * (size_t)c->D;
+  /* n_blocks + 1 per layer: a WINDOW / CHUNK group's pool ends in its hole (kva__span_hole) */
+  return c->block_bounds +
+         (((size_t)l * ((size_t)c->n_blocks + 1) + (size_t)b) * (size_t)c->G + (size_t)g) * 2 * (size_t)c->D;
 }
 /* F16 bits in an order that compares as their values do (-0 just below +0) */
 static inline unsigned kva__f16_order(uint16_t h) { return (h & 0x8000u) ? (unsigned)(uint16_t)~h : h | 0x8000u; }
@@ -5027,9 +5029,13 @@ static inline void kva__span_copy_on_write(kva_cache *c, kva__seq *s, int w, int
   int32_t *t = kva__span_table(c, s, w), old = t[i], b = kva__span_take(sp);
   int l;
   for (l = 0; l < c->n_layers; l++)
-    if (c->layer_span[l] == w)
+    if (c->layer_span[l] == w) {
       memcpy(c->pool[l] + (size_t)b * c->layer_block[l], c->pool[l] + (size_t)old * c->layer_block[l],
              c->layer_block[l]);
+      if (c->block_bounds)
+        memcpy(kva__bounds_ptr(c, l, b, 0), kva__bounds_ptr(c, l, old, 0),
+               (size_t)c->G * 2 * (size_t)c->D * sizeof(uint16_t));
+    }
   kva__span_drop(sp, old);
   t[i] = b;
 }
@@ -6284,14 +6290,16 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
 }
 
 /* --- block selection (kva_attn.select_budget) ---
-   Per query token and KV head: the blocks holding the first select_sink and
-   the last select_recent tokens are read; of the others, the budget left
-   (select_budget minus the tokens of those, in whole blocks: floor(left /
-   block_size) of them) goes to the blocks with the largest bound
-   max over the group's query heads h of kva__block_bound(q_h, block's
-   bounds), a larger bound first and, between equal ones, the earlier block
-   (a bound that is not a number counts as +Inf). The blocks read are walked
-   in order, as the unselected pass walks them all. */
+   Per query token and KV head, among the blocks it can see (by the window,
+   its sinks and the chunk, when a block's index gives its positions): the
+   blocks holding the first select_sink and the last select_recent tokens
+   are read; of the others, the budget left (select_budget minus the tokens
+   of those, in whole blocks: floor(left / block_size) of them) goes to the
+   blocks with the largest bound max over the group's query heads h of
+   kva__block_bound(q_h, block's bounds), a larger bound first and, between
+   equal ones, the earlier block (a bound that is not a number counts as
+   +Inf). The blocks read are walked in order, as the unselected pass walks
+   them all. */
 #define KVA__SELECT_MAX_BLOCKS 2048 /* blocks one selection may read: stack arrays */
 #define KVA__SELECT_AHEAD 16         /* blocks whose bounds are prefetched ahead of the one ranked */
 
@@ -6310,6 +6318,18 @@ static inline const char *kva__select_seq_rule(const kva_cache *c, const kva__se
   if (!c->block_bounds) return "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)";
   if (tree || s->evict.kind == KVA_EVICT_H2O) return "block selection does not combine with tree attention or H2O's scores";
   return NULL;
+}
+/* Can a query at position p see any of the keys at positions [first, end)
+   by the window, its sinks and the chunk? (kva__visible over a range) */
+static inline int kva__range_seen(const kva__attn_params *P, int64_t p, int64_t first, int64_t end) {
+  if (P->chunk > 0) {
+    int64_t chunk_first = kva__chunk_of(P, (int32_t)p) * P->chunk;
+    if (first < chunk_first) first = chunk_first;
+    if (end > chunk_first + P->chunk) end = chunk_first + P->chunk;
+    if (first >= end) return 0;
+  }
+  if (P->window <= 0 || first < P->n_sink) return 1;
+  return first < p + P->window && end - 1 > p - P->window;
 }
 /* Does block a (bound ba) rank before block b (bound bb)? */
 static inline int kva__select_before(float ba, int32_t a, float bb, int32_t b) { return ba > bb || (ba == bb && a < b); }
@@ -6331,34 +6351,51 @@ static int kva__int32_cmp(const void *a, const void *b) {
   int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
   return (x > y) - (x < y);
 }
-/* The blocks one query token (q: its [H][D] row) reads of KV head g, of
-   the first n held tokens (those up to its own, causal): their indices in
-   the sequence's table, ascending, into sel; returns how many. */
-static inline int kva__select_blocks(const kva__kv_view *w, int n, const kva__attn_params *P, const float *q, int g,
-                                     int32_t *sel) {
+/* The blocks one query token (q: its [H][D] row, position qpos) reads of
+   KV head g, of the first n held tokens (those up to its own, causal): their
+   indices in the sequence's table, ascending, into sel; returns how many. */
+static inline int kva__select_blocks(const kva__kv_view *w, int n, int32_t qpos, const kva__attn_params *P,
+                                     const float *q, int g, int32_t *sel) {
   const int bs = w->block_size, nb = (n + bs - 1) / bs;
   const int32_t *table = w->table;
   const size_t head_bounds = 2 * (size_t)P->D, block_bounds = (size_t)w->n_kv_heads * head_bounds;
+  /* past a window or chunk, blocks of positions the row cannot see are neither ranked nor counted */
+  const int masked = w->slots_are_positions && (P->window > 0 || P->chunk > 0);
   float hb[KVA__SELECT_MAX_BLOCKS];
   int32_t hi[KVA__SELECT_MAX_BLOCKS];
   int sink_end = (int)(((long)P->select_sink + bs - 1) / bs), recent_begin, i, r, k, kept = 0, count = 0;
-  long forced, left;
-  if (n <= P->select_budget) { /* all of them */
-    for (i = 0; i < nb; i++) sel[i] = i;
-    return nb;
-  }
+  long forced = 0, seen = 0, candidates = 0, left;
+#define KVA__BLOCK_HELD(i) ((i) == nb - 1 ? n - (i) * bs : bs)
+#define KVA__BLOCK_SEEN(i) (!masked || kva__range_seen(P, qpos, (int64_t)(i) * bs, (int64_t)(i) * bs + KVA__BLOCK_HELD(i)))
   if (sink_end > nb) sink_end = nb;
   recent_begin = P->select_recent >= n ? 0 : (n - P->select_recent) / bs;
   if (P->select_recent == 0) recent_begin = nb;
   if (recent_begin < sink_end) recent_begin = sink_end;
-  forced = (long)sink_end * bs + (long)(n - recent_begin * bs);
-  if (sink_end * bs > n) forced = n; /* the sinks reach the end: everything */
+  for (i = 0; i < nb; i++) {
+    long held = KVA__BLOCK_SEEN(i) ? KVA__BLOCK_HELD(i) : 0;
+    seen += held;
+    if (i < sink_end || i >= recent_begin) forced += held;
+    else candidates += held > 0;
+    if (!masked) { /* every block seen: the rest in closed form */
+      seen = n;
+      forced = ((long)sink_end * bs < n ? (long)sink_end * bs : n) +
+               (recent_begin < nb ? n - (long)recent_begin * bs : 0);
+      candidates = recent_begin - sink_end;
+      break;
+    }
+  }
+  if (seen <= P->select_budget) { /* all of them */
+    for (i = 0; i < nb; i++)
+      if (KVA__BLOCK_SEEN(i)) sel[count++] = i;
+    return count;
+  }
   left = P->select_budget - forced;
   k = left > 0 ? (int)(left / bs) : 0;
-  if (k > recent_begin - sink_end) k = recent_begin - sink_end;
+  if (k > candidates) k = (int)candidates;
   for (i = sink_end; i < recent_begin && k > 0; i++) {
     const uint16_t *lohi = w->bounds + (size_t)table[i] * block_bounds + (size_t)g * head_bounds;
     float bound = -INFINITY;
+    if (!KVA__BLOCK_SEEN(i)) continue;
     /* blocks sit anywhere in the pool: without this each one's bounds are a
        cache miss, which cost more than the bound's arithmetic */
     if (i + KVA__SELECT_AHEAD < recent_begin)
@@ -6384,11 +6421,15 @@ static inline int kva__select_blocks(const kva__kv_view *w, int n, const kva__at
       kva__select_sift(hb, hi, k, 0);
     }
   }
-  for (i = 0; i < sink_end; i++) sel[count++] = i;
+  for (i = 0; i < sink_end; i++)
+    if (KVA__BLOCK_SEEN(i)) sel[count++] = i;
   qsort(hi, (size_t)kept, sizeof hi[0], kva__int32_cmp);
   for (i = 0; i < kept; i++) sel[count++] = hi[i];
-  for (i = recent_begin; i < nb; i++) sel[count++] = i;
+  for (i = recent_begin; i < nb; i++)
+    if (KVA__BLOCK_SEEN(i)) sel[count++] = i;
   return count;
+#undef KVA__BLOCK_HELD
+#undef KVA__BLOCK_SEEN
 }
 
 /* Query token i (of the newest n_q of a sequence holding len tokens) and
@@ -6403,7 +6444,7 @@ static inline void kva__attend_selected_one(const kva__attn_params *P, const kva
   int k, nsel, n_read;
   kva__kv_view ws = *w;
   kva__pass ps;
-  nsel = kva__select_blocks(w, n, P, q + (size_t)i * P->q_stride, g, sel);
+  nsel = kva__select_blocks(w, n, q_base + i, P, q + (size_t)i * P->q_stride, g, sel);
   n_read = nsel == 0 ? 0 : (nsel - 1) * bs + (sel[nsel - 1] == nb - 1 ? n - (nb - 1) * bs : bs);
   for (k = 0; k < nsel; k++) {
     phys[k] = w->table[sel[k]];

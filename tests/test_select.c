@@ -7,12 +7,15 @@
  * after t; kva_seq_len with non_causal), nb = ceil(n / bs). A budget of 0,
  * or a sequence holding at most the budget: everything is read, bit for bit
  * the unselected result; a row with n <= budget reads its nb blocks.
+ * When nothing was evicted (slot j at position j), a block none of whose
+ * positions the row may see (ref_visible: window, sinks, chunk) is unseen:
+ * never read, never counted. Seen blocks holding <= budget tokens: all read.
  * Otherwise sink_end = min(nb, ceil(sink / bs)); recent_begin = nb (recent
  * 0), 0 (recent >= n), else floor((n - recent) / bs), then at least
- * sink_end; blocks [0, sink_end) and [recent_begin, nb) are read; forced =
- * sink_end*bs + n - recent_begin*bs (n when sink_end*bs > n); k =
- * floor((budget - forced) / bs) (0 when that is not positive), at most the
- * candidates [sink_end, recent_begin); the k candidates with the largest
+ * sink_end; the seen blocks of [0, sink_end) and [recent_begin, nb) are
+ * read; forced = the tokens they hold; k = floor((budget - forced) / bs)
+ * (0 when that is not positive), at most the seen candidates in
+ * [sink_end, recent_begin); the k candidates with the largest
  * bound (ties: lower block first) are read, where bound = max over the
  * group's query heads of sum_c max(q_c lo_c, q_c hi_c) and lo / hi are the
  * block's channel minimum / maximum of the stored keys (as kva_seq_read
@@ -29,8 +32,8 @@
  * directed tests, whose bounds are exact in float, skip nothing).
  *
  *   - sl_rounding_helpers: the test's own outward rounding on known values;
- *   - sl_errors: block_bounds 0/1 only (KVA_ERR_ARG), not with layer groups
- *     (KVA_ERR_UNSUPPORTED); kva_cache_bytes_per_token adds
+ *   - sl_errors: block_bounds 0/1 only (KVA_ERR_ARG), with layer groups as
+ *     without; kva_cache_bytes_per_token adds
  *     ceil(L G 4 D / bs) (KV and latent caches); negative select fields
  *     KVA_ERR_ARG (kva_attn_check names them); kva_attend with a budget, a
  *     cache without bounds under a budget < n, batch plans with a budget,
@@ -56,6 +59,10 @@
  *     (compaction rebuilds the bounds: exact rule, positions from
  *     kva_seq_read), export / import into a fresh cache of another block size
  *     (exact rule even when the source's bounds were loose);
+ *   - sl_groups: a FULL layer and a WINDOW or CHUNK group's layers, grown in
+ *     steps (released blocks read as unseen), the span stated in the call or
+ *     implied by the group (the same bits), then a fork whose shared last
+ *     block (large keys) the first appender copies with its bounds;
  *   - kva_gqa_forward with a budget against an fp64 layer (the projections
  *     in double, the stored rows, the rule's blocks); budget >= n bit for bit
  *     the unselected forward;
@@ -152,6 +159,10 @@ typedef struct {
   int32_t *pos;  /* [n][G] */
 } sl_rows;
 
+/* 1: a layer group may have released slots (kva_seq_read: KVA_ERR_UNSUPPORTED); they read as zero keys
+   and values at their slot's position, which no row of the rule can see */
+static int sl_released_ok;
+
 static int sl_read(const kva_cache *c, int seq, int layer, int G, int D, int Dv, sl_rows *R) {
   int j, bad = 0, n = kva_seq_len(c, seq);
   R->n = n < 0 ? 0 : n;
@@ -159,9 +170,18 @@ static int sl_read(const kva_cache *c, int seq, int layer, int G, int D, int Dv,
   R->k = KT_ALLOC(float, (size_t)R->n * G * D);
   R->v = KT_ALLOC(float, (size_t)R->n * G * Dv);
   R->pos = KT_ALLOC(int32_t, (size_t)R->n * G);
-  for (j = 0; j < R->n; j++)
-    bad += kva_seq_read(c, seq, layer, j, R->k + (size_t)j * G * D, R->v + (size_t)j * G * Dv,
-                        R->pos + (size_t)j * G) != KVA_OK;
+  for (j = 0; j < R->n; j++) {
+    kva_status st = kva_seq_read(c, seq, layer, j, R->k + (size_t)j * G * D, R->v + (size_t)j * G * Dv,
+                                 R->pos + (size_t)j * G);
+    if (st == KVA_ERR_UNSUPPORTED && sl_released_ok) {
+      int g;
+      memset(R->k + (size_t)j * G * D, 0, (size_t)G * D * sizeof(float));
+      memset(R->v + (size_t)j * G * Dv, 0, (size_t)G * Dv * sizeof(float));
+      for (g = 0; g < G; g++) R->pos[(size_t)j * G + g] = j;
+      st = KVA_OK;
+    }
+    bad += st != KVA_OK;
+  }
   KT_CHECK(n >= 0 && bad == 0, "kva_seq_read: len %d, %d slots refused", n, bad);
   return bad == 0 && n >= 0;
 }
@@ -208,16 +228,26 @@ static int sl_cand_cmp(const void *x, const void *y) {
    and (k+1)-th candidate bounds over 1 + |k-th| (INFINITY when there is no
    such boundary). alt (may be NULL): the set when block `loose` had a larger
    bound than the reference's (it then displaces the k-th candidate). */
-static double sl_select(int n, int bs, int budget, int sink, int recent, const double *bd, int H, int G, int D,
-                        int g, const float *q, unsigned char *sel, int loose, unsigned char *alt, int *k_out) {
-  int nb = (n + bs - 1) / bs, R = H / G, i, h, c, sink_end, rb, k, nc = 0, in_alt = 0;
-  long forced, left;
+static double sl_select(int n, int bs, int budget, int sink, int recent, const ref_attn_cfg *vis, int32_t qpos,
+                        const double *bd, int H, int G, int D, int g, const float *q, unsigned char *sel, int loose,
+                        unsigned char *alt, int *k_out) {
+  int nb = (n + bs - 1) / bs, R = H / G, i, j, h, c, sink_end, rb, k, nc = 0, in_alt = 0;
+  long forced = 0, seen_tokens = 0, left;
   double gap = INFINITY;
   sl_cand *cand;
+  unsigned char *seen = KT_ALLOC(unsigned char, (size_t)nb + 1);
   if (k_out) *k_out = -1;
-  if (budget == 0 || budget >= n) {
-    for (i = 0; i < nb; i++) sel[i] = 1;
+  /* a block is seen when the row may attend to at least one of its keys (slot j at position j) */
+  for (i = 0; i < nb; i++) {
+    int held = (i + 1) * bs <= n ? bs : n - i * bs;
+    seen[i] = !vis;
+    for (j = i * bs; j < i * bs + held && !seen[i]; j++) seen[i] = (unsigned char)ref_visible(vis, qpos, j);
+    if (seen[i]) seen_tokens += held;
+  }
+  if (budget == 0 || seen_tokens <= budget) {
+    for (i = 0; i < nb; i++) sel[i] = (unsigned char)(budget == 0 || seen[i]);
     if (alt) memcpy(alt, sel, (size_t)nb);
+    free(seen);
     return gap;
   }
   sink_end = (int)(((long)sink + bs - 1) / bs);
@@ -226,28 +256,30 @@ static double sl_select(int n, int bs, int budget, int sink, int recent, const d
   else if (recent >= n) rb = 0;
   else rb = (n - recent) / bs;
   if (rb < sink_end) rb = sink_end;
-  forced = (long)sink_end * bs > n ? n : (long)sink_end * bs + (n - (long)rb * bs);
+  for (i = 0; i < nb; i++)
+    if (seen[i] && (i < sink_end || i >= rb)) forced += (i + 1) * bs <= n ? bs : n - i * bs;
   left = (long)budget - forced;
   k = left > 0 ? (int)(left / bs) : 0;
-  if (k > rb - sink_end) k = rb - sink_end;
   cand = KT_ALLOC(sl_cand, (size_t)(nb > 0 ? nb : 1));
-  for (i = 0; i < nb; i++) sel[i] = (unsigned char)(i < sink_end || i >= rb);
-  for (i = sink_end; i < rb; i++) {
-    const double *lo = bd + (((size_t)i * G + g) * 2) * D, *hi = lo + D;
-    double best = -INFINITY;
-    for (h = g * R; h < g * R + R; h++) {
-      const float *qh = q + (size_t)h * D;
-      double s = 0.0;
-      for (c = 0; c < D; c++) {
-        double a = (double)qh[c] * lo[c], b = (double)qh[c] * hi[c];
-        s += a > b ? a : b;
+  for (i = 0; i < nb; i++) sel[i] = (unsigned char)(seen[i] && (i < sink_end || i >= rb));
+  for (i = sink_end; i < rb; i++)
+    if (seen[i]) {
+      const double *lo = bd + (((size_t)i * G + g) * 2) * D, *hi = lo + D;
+      double best = -INFINITY;
+      for (h = g * R; h < g * R + R; h++) {
+        const float *qh = q + (size_t)h * D;
+        double s = 0.0;
+        for (c = 0; c < D; c++) {
+          double a = (double)qh[c] * lo[c], b = (double)qh[c] * hi[c];
+          s += a > b ? a : b;
+        }
+        if (s > best) best = s;
       }
-      if (s > best) best = s;
+      cand[nc].b = best;
+      cand[nc].i = i;
+      nc++;
     }
-    cand[nc].b = best;
-    cand[nc].i = i;
-    nc++;
-  }
+  if (k > nc) k = nc;
   qsort(cand, (size_t)nc, sizeof *cand, sl_cand_cmp);
   for (i = 0; i < k; i++) sel[cand[i].i] = 1;
   if (k > 0 && k < nc) gap = (cand[k - 1].b - cand[k].b) / (1.0 + fabs(cand[k - 1].b));
@@ -260,7 +292,7 @@ static double sl_select(int n, int bs, int budget, int sink, int recent, const d
     }
   }
   if (k_out) *k_out = k;
-  free(cand);
+  free(cand), free(seen);
   return gap;
 }
 
@@ -413,8 +445,9 @@ static void sl_check(kva_cache *c, int seq, int layer, const kva_attn *a, const 
       double gap, w;
       memset(sel, 0, (size_t)nb + 1);
       memset(alt, 0, (size_t)nb + 1);
-      gap = sl_select(sl_row_n(R.n, n_q, t, a), bs, a->select_budget, a->select_sink, a->select_recent, bd, H, G, D,
-                      g, qt, sel, loose, alt, &kk);
+      /* nothing evicted (position == length): slot j holds position j, and blocks past the window are not seen */
+      gap = sl_select(sl_row_n(R.n, n_q, t, a), bs, a->select_budget, a->select_sink, a->select_recent,
+                      pos_next == R.n ? &cf : NULL, qpos, bd, H, G, D, g, qt, sel, loose, alt, &kk);
       sl_pairs_total++;
       if (!exact && gap < SL_MARGIN) {
         skipped++;
@@ -459,6 +492,11 @@ typedef struct {
    positions the library derives from the block's index */
 static int sl_lean;
 
+/* the next caches' layer groups (sl_n_groups 0: none) */
+static int sl_n_groups;
+static const kva_layer_group *sl_group_list;
+static const int *sl_layer_groups;
+
 static void sl_desc(kva_cache_desc *d, const sl_shape *s, int bounds, int n_blocks, int max_seqs) {
   memset(d, 0, sizeof *d);
   d->evict_support = sl_lean ? KVA_EVICT_SUPPORT_NONE : KVA_EVICT_SUPPORT_ALL;
@@ -474,6 +512,9 @@ static void sl_desc(kva_cache_desc *d, const sl_shape *s, int bounds, int n_bloc
   if (s->kt == KVA_FP8_E4M3 || s->kt == KVA_FP8_E5M2) d->k_scale = 1.0f / 32;
   if (s->vt == KVA_FP8_E4M3 || s->vt == KVA_FP8_E5M2) d->v_scale = 1.0f / 64;
   d->block_bounds = bounds;
+  d->n_groups = sl_n_groups;
+  d->groups = sl_n_groups ? sl_group_list : NULL;
+  d->layer_group = sl_n_groups ? sl_layer_groups : NULL;
 }
 
 static kva_cache *sl_cache(const sl_shape *s, int bounds, int n_blocks, int max_seqs) {
@@ -594,7 +635,7 @@ static void sl_errors(kt_rng *r) {
              "block_bounds %d: kva_cache_create returned %s", i, kva_status_str(st));
     if (c) kva_cache_destroy(c);
   }
-  /* not with layer groups (a FULL or a WINDOW group) */
+  /* with layer groups (a FULL or a WINDOW group) as without */
   for (i = 0; i < 2; i++) {
     memset(&grp, 0, sizeof grp);
     grp.kind = i ? KVA_SPAN_WINDOW : KVA_SPAN_FULL;
@@ -610,8 +651,8 @@ static void sl_errors(kt_rng *r) {
     d.block_bounds = 1;
     c = NULL;
     st = kva_cache_create(&d, &c);
-    KT_CHECK(st == KVA_ERR_UNSUPPORTED && !c, "block_bounds with a %s layer group: %s, expected unsupported",
-             i ? "WINDOW" : "FULL", kva_status_str(st));
+    KT_CHECK(st == KVA_OK && c, "block_bounds with a %s layer group: %s", i ? "WINDOW" : "FULL",
+             kva_status_str(st));
     kva_cache_destroy(c);
   }
   /* bytes per token: + ceil(L G 4 D / bs) */
@@ -901,6 +942,7 @@ static void sl_random(kt_rng *r) {
     a.n_threads = kt_int(r, 1, 2);
     sl_rand_select(r, &a, n, s.bs);
     if (kt_int(r, 0, 5) == 0) a.window = kt_int(r, 1, n + 2), a.n_sink = kt_int(r, 0, 3);
+    if (kt_int(r, 0, 7) == 0) a.chunk_size = kt_int(r, 1, n + 2);
     if (kt_int(r, 0, 5) == 0) a.softcap = 15.0f;
     if (kt_int(r, 0, 5) == 0) a.scale = 0.3f;
     if (kt_int(r, 0, 7) == 0) a.alibi_max_bias = 8.0f;
@@ -1309,7 +1351,7 @@ static void sl_gqa(kt_rng *r) {
           double gap;
           memset(sel, 0, (size_t)(n + BS) / BS + 1);
           gap = sl_select(sl_row_n(n, n_q, t, &L.attn), BS, L.attn.select_budget, L.attn.select_sink,
-                          L.attn.select_recent, bd, H, G, D, g, qf, sel, -1, NULL, NULL);
+                          L.attn.select_recent, &cf, qpos, bd, H, G, D, g, qf, sel, -1, NULL, NULL);
           if (gap < SL_MARGIN) break;
           sl_ref_group(&cf, qd, qpos, &R, BS, sel, g, att, lse);
         }
@@ -1466,6 +1508,109 @@ static void sl_needle(kt_rng *r) {
   }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Layer groups: selection inside a WINDOW or CHUNK group's span.           */
+
+/* Layer 0 FULL, the others in one WINDOW or CHUNK group; a sequence grown in
+   steps (the group releases what no query can see), then forked with the
+   fork's tail appended (copy-on-write in both pools). Each layer selects
+   under the rule with the span's window / sinks / chunk stated in the call,
+   and without them (the group's own apply: the same bits). */
+static void sl_groups(kt_rng *r) {
+  int it, iters = kt_iters(150);
+  kt_begin("select: inside WINDOW and CHUNK layer groups (released blocks, copy-on-write, the group's span)");
+  for (it = 0; it < iters; it++) {
+    sl_shape s;
+    kva_cache *c;
+    kva_attn a;
+    kva_layer_group grp[2];
+    int lg[3] = {0, 1, 1}, n, n_q, nb, seq = -1, fork = -1, l, extra, total;
+    float *k, *v, *q;
+    char what[128];
+    sl_rand_shape(r, &s, 64);
+    s.L = kt_int(r, 2, 3);
+    memset(grp, 0, sizeof grp);
+    grp[1].kind = kt_int(r, 0, 1) ? KVA_SPAN_WINDOW : KVA_SPAN_CHUNK;
+    if (grp[1].kind == KVA_SPAN_WINDOW) {
+      grp[1].window = kt_int(r, 1, 6 * s.bs + 3);
+      grp[1].n_sink = kt_int(r, 0, 2) ? 0 : kt_int(r, 1, 2 * s.bs + 1);
+    } else {
+      grp[1].chunk_size = kt_int(r, 1, 8 * s.bs + 3);
+    }
+    n = kt_int(r, 1, 2) == 1 ? kt_int(r, 1, 4 * s.bs) : kt_int(r, 4 * s.bs, kt_quick ? 300 : 900);
+    n_q = n >= 2 && kt_int(r, 0, 2) == 0 ? kt_int(r, 2, n < 5 ? n : 5) : 1;
+    extra = kt_int(r, 1, s.bs + 1);
+    total = n + extra;
+    nb = (total + s.bs - 1) / s.bs;
+    grp[1].n_blocks = 2 * nb + 4; /* a prefill step holds all its blocks until the next append */
+    sl_n_groups = 2, sl_group_list = grp, sl_layer_groups = lg;
+    c = sl_cache(&s, 1, 2 * nb + 4, 3);
+    sl_n_groups = 0;
+    if (!c) continue;
+    k = KT_ALLOC(float, (size_t)s.L * total * s.G * s.D);
+    v = KT_ALLOC(float, (size_t)s.L * total * s.G * s.Dv);
+    q = KT_ALLOC(float, (size_t)n_q * s.H * s.D);
+    sl_gen(r, &s, total, k, v);
+    /* large keys in the partly filled last block: the fork shares it, the first appender copies it, and its
+       bounds must come along (else they would lose these keys and rank the block low) */
+    for (l = 0; l < s.L; l++)
+      sl_big_keys(r, k + ((size_t)l * total + n / s.bs * s.bs) * s.G * s.D, (size_t)(n % s.bs) * s.G * s.D);
+    kt_fill(r, q, (size_t)n_q * s.H * s.D, -1.0f, 1.0f);
+    if (!sl_build(r, c, &seq, &s, k, v, total, n, n_q)) goto next;
+    sl_attn(&a, &s);
+    sl_released_ok = 1;
+    for (l = 0; l < s.L; l++) {
+      kva_attn aspan;
+      int ab;
+      sl_attn(&a, &s);
+      a.n_threads = kt_int(r, 1, 2);
+      sl_rand_select(r, &a, n, s.bs);
+      if (lg[l]) { /* the group's span, stated */
+        a.window = grp[1].window, a.n_sink = grp[1].n_sink, a.chunk_size = grp[1].chunk_size;
+      } else if (kt_int(r, 0, 3) == 0) { /* a FULL layer under a call's own window */
+        a.window = kt_int(r, 1, n + 2), a.n_sink = kt_int(r, 0, 3);
+      }
+      snprintf(what, sizeof what, "groups it %d layer %d (%s %d sinks %d, n %d bs %d)", it, l,
+               lg[l] ? (grp[1].kind == KVA_SPAN_WINDOW ? "window" : "chunk") : "full",
+               lg[l] ? grp[1].window + grp[1].chunk_size : a.window, a.n_sink, n, s.bs);
+      sl_check(c, seq, l, &a, q, n_q, s.bs, s.kt, -1, 0, what, NULL);
+      if (!lg[l]) continue;
+      { /* the group's own span when the call states none: the same bits */
+        size_t no = (size_t)n_q * s.H * s.Dv;
+        float *o1 = KT_ALLOC(float, no), *o2 = KT_ALLOC(float, no);
+        aspan = a;
+        aspan.window = aspan.n_sink = aspan.chunk_size = 0;
+        ab = kva_attend_cache(c, seq, l, &a, q, n_q, o1) == KVA_OK &&
+             kva_attend_cache(c, seq, l, &aspan, q, n_q, o2) == KVA_OK;
+        KT_CHECK(ab && kt_same_bits(o1, o2, no), "%s: the group's span implied: not the stated span's bits", what);
+        free(o1), free(o2);
+      }
+    }
+    /* fork, then both append: the shared partly filled blocks are copied, bounds with them */
+    KT_STATUS(kva_seq_fork(c, seq, &fork), KVA_OK);
+    if (fork >= 0) {
+      float *kb = KT_ALLOC(float, (size_t)s.L * total * s.G * s.D);
+      memcpy(kb, k, (size_t)s.L * total * s.G * s.D * sizeof(float));
+      for (l = 0; l < s.L; l++) sl_big_keys(r, kb + ((size_t)l * total + n) * s.G * s.D, (size_t)extra * s.G * s.D);
+      if (sl_step(c, seq, &s, k, v, total, n, total) && sl_step(c, fork, &s, kb, v, total, n, total))
+        for (l = 0; l < s.L; l++) {
+          sl_attn(&a, &s);
+          sl_rand_select(r, &a, total, s.bs);
+          if (lg[l]) a.window = grp[1].window, a.n_sink = grp[1].n_sink, a.chunk_size = grp[1].chunk_size;
+          snprintf(what, sizeof what, "groups it %d layer %d after a fork: the ordinary sequence", it, l);
+          sl_check(c, seq, l, &a, q, 1, s.bs, s.kt, -1, 0, what, NULL);
+          snprintf(what, sizeof what, "groups it %d layer %d after a fork: the large keys' sequence", it, l);
+          sl_check(c, fork, l, &a, q, 1, s.bs, s.kt, -1, 0, what, NULL);
+        }
+      free(kb);
+    }
+    sl_released_ok = 0;
+  next:
+    kva_cache_destroy(c);
+    free(k), free(v), free(q);
+  }
+}
+
 void test_select(void) {
   kt_rng r;
   kt_seed(&r, 0x5e1ec7);
@@ -1479,6 +1624,7 @@ void test_select(void) {
   sl_truncate(&r);
   sl_evict(&r);
   sl_import(&r);
+  sl_groups(&r);
   sl_gqa(&r);
   sl_needle(&r);
   kt_begin("select: near ties skipped, over the whole section");
