@@ -301,7 +301,11 @@ static void memory_rows(const opts *o, rows *t) {
           if (ac.supported) {
             double meta = meta_per_token(mo, var, dt, o->mem, ac.block_bytes_full, held, 0);
             double lean = meta_per_token(mo, var, dt, o->mem, ac.block_bytes_full, held, 1);
+            kva_cache_desc db = variant_desc(mo, var, dt, mo->L);
+            db.block_size = 16, db.block_bounds = 1;
             rn(w, C_PAD, (double)ac.pad);
+            /* kva_cache_desc.block_bounds (block selection): the keys' F16 minimum and maximum per block */
+            rn(w, C_BOUNDSPT, (double)kva_cache_bytes_per_token(&db) - (double)bpt);
             if (meta >= 0) rn(w, C_METAPT, meta);
             if (lean >= 0) rn(w, C_METALEAN, lean);
           }
@@ -323,7 +327,7 @@ void cmd_memory(const opts *o) {
   rows t = {0};
   memory_rows(o, &t);
   if (g_fmt == OUT_TABLE) {
-    char title[800], mem[64], ctxs[32];
+    char title[1024], mem[64], ctxs[32];
     static const vcol v[] = {{C_MODEL, "model", FM_STR},      {C_VARIANT, "variant", FM_STR},
                              {C_KVHEADS, "G", FM_INT},        {C_HEADDIM, "K dim", FM_INT},
                              {C_DTYPE, "dtype", FM_STR},      {C_BPTL, "B/tok/layer", FM_SEP},
@@ -331,6 +335,7 @@ void cmd_memory(const opts *o) {
                              {C_CTX, "ctx", FM_SEP},          {C_BYTESCTX, "GB @ctx*batch", FM_GB},
                              {C_MAXCTX, "max ctx", FM_TOK},   {C_MAXBATCH, "max batch", FM_SEP},
                              {C_METAPT, "meta B/tok", FM_F1}, {C_METALEAN, "lean", FM_F1},
+                             {C_BOUNDSPT, "bounds B/tok", FM_F1},
                              {C_ALLOC, "allocator", FM_STR},  {C_NOTE, "note", FM_STR}};
     fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
     snprintf(mem, sizeof mem, "%.2f GiB = %.2f GB", o->mem / GiB, o->mem / 1e9);
@@ -339,9 +344,11 @@ void cmd_memory(const opts *o) {
              "  max ctx = longest context per sequence for the batch, max batch = sequences at ctx, both in a pool\n"
              "  of --mem made of 16-token blocks (bookkeeping comes on top); meta B/tok = the cache's bookkeeping\n"
              "  per token slot of that pool, from kva_cache_size (defaults: 256 sequences, tables of n_blocks, positions\n"
-             "  and H2O scores); lean = evict_support NONE and max_seq_len = ctx; allocator = a real 2-layer cache of\n"
-             "  4 blocks: block bytes == B/tok/layer x 16 per layer (+ 64-byte alignment padding), exactly 4\n"
-             "  blocks' tokens fit. MLA for non-MLA models: latent 4D + rope D/2, one latent head.",
+             "  and H2O scores); lean = evict_support NONE and max_seq_len = ctx; bounds B/tok = what block_bounds\n"
+             "  adds for block selection (an F16 minimum and maximum per channel, per block of 16 and KV head);\n"
+             "  allocator = a real 2-layer cache of 4 blocks: block bytes == B/tok/layer x 16 per layer (+ 64-byte\n"
+             "  alignment padding), exactly 4 blocks' tokens fit. MLA for non-MLA models: latent 4D + rope D/2, one\n"
+             "  latent head.",
              o->batch, mem);
     print_table(title, v, NV(v), &t, C_MODEL);
   }
