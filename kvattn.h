@@ -421,19 +421,54 @@ typedef struct {
   size_t bytes_meta;     /* its slot's bookkeeping (record, block tables), preallocated at create */
 } kva_seq_stats;
 
-typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O } kva_evict_kind;
+typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O, KVA_EVICT_SCORE } kva_evict_kind;
+
+/* What an eviction scorer (kva_evict.score) sees: one layer and KV head of a
+   sequence, its held tokens in slot order. Valid during the call only. */
+typedef struct {
+  int seq, layer, kv_head;
+  int n_layers, n_kv_heads;
+  int n;                  /* tokens held */
+  int keep;               /* how many of them stay: the protected ones and the highest scores */
+  int head_dim, v_dim;
+  const int32_t *pos;     /* [n] positions, ascending */
+  const float *k;         /* [n][head_dim] the keys as kva_seq_read returns them */
+  const float *v;         /* [n][v_dim] the values, NULL in a KVA_CACHE_LATENT cache */
+  const float *attn_sum;  /* [n] attention accumulated while the policy had accumulate = 1, else NULL */
+} kva_score_view;
+/* Writes view->n scores (higher stays; not NaN) and returns KVA_OK, or an
+   error status: the eviction is then refused and nothing changes. */
+typedef kva_status (*kva_score_fn)(void *user, const kva_score_view *view, float *scores);
+
 /* Eviction policy of a sequence. WINDOW keeps the first n_sink positions and
    the newest tokens (budget in all); H2O keeps the first n_sink positions,
-   the n_recent newest and the tokens with the highest accumulated attention. */
+   the n_recent newest and the tokens with the highest accumulated attention;
+   SCORE keeps the first n_sink positions, the n_recent newest and the
+   tokens `score` ranks highest (docs/API.md, "Eviction scorers"). */
 typedef struct {
   int kind;     /* a kva_evict_kind (an int, so that `= {0}` compiles as C++ too) */
   int budget;   /* tokens held at most (after the append, unless nothing is evictable) */
   int n_sink;
-  int n_recent; /* H2O only */
+  int n_recent; /* H2O and SCORE */
   int rollback; /* 1: an append evicts only what the tokens held before it exceed the budget by, so
                    truncating within the newest step (a rejected draft) never costs a held token;
                    up to budget + the step's tokens are held */
+  kva_score_fn score; /* SCORE: required */
+  void *score_user;   /* SCORE: passed to score */
+  int accumulate;     /* SCORE: 1 => attention accumulates per token as H2O's does (view.attn_sum) */
 } kva_evict;
+
+/* Built-in scorers (kva_evict.score), each a published rule: docs/API.md,
+   "Eviction scorers". kva_score_key_norm takes no user data (NULL). */
+typedef struct {
+  const float *q;     /* [n_layers][n_q][n_heads][head_dim]: the queries that judge, per layer */
+  int n_q;            /* 1..: queries per layer (TOVA: the current one; SnapKV: the observation window) */
+  int n_heads;        /* query heads, a multiple of the cache's n_kv_heads */
+  float scale;        /* 0 => 1 / sqrt(head_dim) */
+  const int32_t *q_pos; /* [n_q] their positions (NULL: the last n_q held positions); a query sees keys at
+                           or before its own position */
+  int pool;           /* SnapKV: average-pooling width over neighbouring slots, odd (0 or 1: none) */
+} kva_score_queries;
 
 typedef struct kva_cache kva_cache; /* opaque: its members are not part of the API */
 typedef struct kva_batch kva_batch; /* a batched-attention plan (kva_batch_plan) */
@@ -528,6 +563,9 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
 KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst);
 KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep);
 KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e);
+KVA_API kva_status kva_seq_compress(kva_cache *c, int seq, int budget);
+KVA_API kva_status kva_score_key_norm(void *user, const kva_score_view *view, float *scores);
+KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, float *scores);
 KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_t *keep, int n_keep);
 KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, size_t *size);
 KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, int *seq);
@@ -5133,6 +5171,11 @@ static inline void kva__step_begin(kva_cache *c, kva__seq *s, int n_new) {
   memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
 }
 
+/* Has `layer` stored every token of the sequence's step? */
+static inline int kva__step_stored(const kva__seq *s, int layer) {
+  return s->stored[2 * layer] == 0 && s->stored[2 * layer + 1] == s->last_append;
+}
+
 /* A free sequence record, or NULL (max_seqs live). */
 static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
   int i, j, gen_limit = INT_MAX / c->max_seqs; /* a slot out of generations is retired: ids never repeat */
@@ -5189,12 +5232,17 @@ KVA_API int kva_seq_pos(const kva_cache *c, int seq) {
 
 static inline int kva__block_shared(const kva_cache *c, int32_t b) { return c->blk[b].ref > 1 || c->blk[b].published; }
 
+/* Does attention under policy e add to the tokens' scores (H2O's, or a scorer's attn_sum)? */
+static inline int kva__accumulates(const kva_evict *e) {
+  return e->kind == KVA_EVICT_H2O || (e->kind == KVA_EVICT_SCORE && e->accumulate);
+}
+
 /* Is the token in this slot of head (l, g) evictable under policy e? */
 static inline int kva__evictable(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, int slot) {
   int in_block;
   int32_t b = kva__slot_block(c, s, l, slot, &in_block), p = *kva__pos_ptr(c, l, b, g, in_block);
   if (p < e->n_sink) return 0;
-  return e->kind != KVA_EVICT_H2O || (long)p < (long)s->pos - e->n_recent;
+  return e->kind == KVA_EVICT_WINDOW || (long)p < (long)s->pos - e->n_recent;
 }
 
 /* Tokens an append of n may evict: the fewest evictable over all heads. */
@@ -5226,7 +5274,7 @@ static inline int kva__victim_before(const kva_cache *c, const kva__seq *s, cons
 
 /* Evict `count` tokens from every head, filling the holes below the new
    length with the survivors above it; blocks below it are private. */
-static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *e, int count) {
+static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *e, int count, const int32_t *chosen) {
   int l, g, k, slot, new_len = s->len - count;
   for (l = 0; l < c->n_layers; l++)
     for (g = 0; g < c->G; g++) {
@@ -5234,6 +5282,12 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
       /* pick victims one by one: count is small on decode steps; a chunk's selection is O(count * len) */
       for (k = 0; k < count; k++) {
         int best = -1;
+        if (chosen) { /* a scorer's ranking (kva__score_victims) */
+          best = chosen[((size_t)l * (size_t)c->G + (size_t)g) * (size_t)count + (size_t)k];
+          c->victim_flag[best] = 1;
+          c->victims[nv++] = best;
+          continue;
+        }
         for (slot = 0; slot < s->len; slot++)
           if (!c->victim_flag[slot] && kva__evictable(c, s, e, l, g, slot) &&
               (best < 0 || kva__victim_before(c, s, e, l, g, slot, best)))
@@ -5257,11 +5311,15 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
 }
 
 static inline kva_status kva__evict_check(const kva_evict *e) {
-  if (!e || e->rollback < 0 || e->rollback > 1) return KVA_ERR_ARG;
+  if (!e || e->rollback < 0 || e->rollback > 1 || e->accumulate < 0 || e->accumulate > 1) return KVA_ERR_ARG;
+  if (e->kind != KVA_EVICT_SCORE && (e->score || e->accumulate)) return KVA_ERR_ARG;
   switch (e->kind) {
     case KVA_EVICT_NONE: return KVA_OK;
     case KVA_EVICT_WINDOW:
       return e->budget <= 0 || e->n_sink < 0 || e->n_sink > e->budget ? KVA_ERR_ARG : KVA_OK;
+    case KVA_EVICT_SCORE:
+      if (!e->score) return KVA_ERR_ARG;
+      /* fall through */
     case KVA_EVICT_H2O:
       return e->budget <= 0 || e->n_sink < 0 || e->n_recent < 0 || (long)e->n_sink + e->n_recent > e->budget
                  ? KVA_ERR_ARG
@@ -5279,14 +5337,14 @@ typedef struct {
   long span_need[KVA_MAX_GROUPS], span_releasable[KVA_MAX_GROUPS]; /* each WINDOW / CHUNK group's */
 } kva__append_plan;
 
-static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, kva__append_plan *pl) {
-  const kva_evict *e = &s->evict_next;
+static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, const kva_evict *e,
+                                    kva__append_plan *pl) {
   int i, w, new_len;
   long avail = (long)c->n_free + c->n_cached;
   pl->n_evict = kva__evict_count(c, s, e, n);
   new_len = s->len - pl->n_evict;
   pl->keep_blocks = kva__blocks_for(c, new_len);
-  pl->private_to = e->kind == KVA_EVICT_H2O || pl->n_evict > 0 ? pl->keep_blocks : 0;
+  pl->private_to = kva__accumulates(e) || pl->n_evict > 0 ? pl->keep_blocks : 0;
   pl->copies = pl->releasable = 0;
   for (i = 0; i < pl->private_to; i++) pl->copies += kva__block_shared(c, s->table[i]);
   for (i = pl->keep_blocks; i < s->n_blocks; i++) pl->releasable += c->blk[s->table[i]].ref == 1;
@@ -5311,6 +5369,136 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
   }
 }
 
+/* --- eviction by a scorer (KVA_EVICT_SCORE) ---
+   The scorer sees one layer and KV head at a time, on a copy of the held
+   rows read back as kva_seq_read gives them; its scores rank that head's
+   evictable slots (lowest first, then oldest), and the first `count` of
+   each head go. All of it happens before anything changes, so a refusal
+   (a NaN, an error status, no memory) leaves the sequence as it was. */
+typedef struct {
+  float score;
+  int32_t pos, slot;
+} kva__ranked;
+typedef struct {
+  int32_t *victims; /* [n_layers][G][count] slots */
+  void *work;       /* the scorer's rows and the ranking */
+  size_t bytes;
+} kva__scored;
+
+static int kva__ranked_cmp(const void *a, const void *b) {
+  const kva__ranked *x = (const kva__ranked *)a, *y = (const kva__ranked *)b;
+  if (x->score != y->score) return x->score < y->score ? -1 : 1;
+  return (x->pos > y->pos) - (x->pos < y->pos);
+}
+static inline void kva__rotate_row(float *x, int n);
+static inline const char *kva__score_why(kva_status st) {
+  return st == KVA_ERR_NOMEM ? "no memory for the scorer's rows" : "the eviction scorer refused or wrote a NaN score";
+}
+static inline void kva__scored_free(const kva_cache *c, kva__scored *sc) {
+  kva__heap h;
+  h.alloc_fn = c->alloc_fn, h.free_fn = c->free_fn, h.user = c->user;
+  kva__heap_give(&h, sc->work, sc->bytes);
+  sc->work = NULL, sc->victims = NULL, sc->bytes = 0;
+}
+static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int count,
+                                            kva__scored *out) {
+  const size_t n = (size_t)s->len, D = (size_t)c->D, DV = c->kind == KVA_CACHE_KV ? (size_t)c->DV : 0;
+  /* attention counts from this policy on: switching to an accumulating one starts every token at 0 */
+  const int attn_known = e->accumulate && kva__accumulates(&s->evict);
+  kva__heap h;
+  float *k, *v, *scores, *attn;
+  int32_t *pos;
+  kva__ranked *ranked;
+  int l, g;
+  size_t j;
+  h.alloc_fn = c->alloc_fn, h.free_fn = c->free_fn, h.user = c->user;
+  out->bytes = n * (D + DV + 3) * sizeof(float) + n * sizeof(kva__ranked) +
+               (size_t)c->n_layers * (size_t)c->G * (size_t)count * sizeof(int32_t);
+  out->work = kva__heap_take(&h, out->bytes);
+  if (!out->work) return KVA_ERR_NOMEM;
+  k = (float *)out->work, v = k + n * D, scores = v + n * DV, attn = scores + n;
+  pos = (int32_t *)(attn + n);
+  ranked = (kva__ranked *)(pos + n);
+  out->victims = (int32_t *)(ranked + n);
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++) {
+      kva_score_view view;
+      kva_status st;
+      int m = 0, slot;
+      const float fk = c->k_fp8[(size_t)l * (size_t)c->G + (size_t)g], fv = c->v_fp8[(size_t)l * (size_t)c->G + (size_t)g];
+      for (slot = 0; slot < s->len; slot++) {
+        int in_block;
+        int32_t b = kva__slot_block(c, s, l, slot, &in_block);
+        float *kr = k + (size_t)slot * D;
+        kva__load_row(c->kt[l], kr, kva__k_ptr(c, l, b, g, in_block), c->D, fk);
+        if (c->rotate & KVA_ROTATE_K) kva__rotate_row(kr, c->D); /* back to the original basis */
+        if (DV) {
+          float *vr = v + (size_t)slot * DV;
+          kva__load_row(c->vt[l], vr, kva__v_ptr(c, l, b, g, in_block), c->DV, fv);
+          if (c->rotate & KVA_ROTATE_V) kva__rotate_row(vr, c->DV);
+        }
+        pos[slot] = *kva__pos_ptr(c, l, b, g, in_block);
+        attn[slot] = attn_known ? *kva__score_ptr(c, l, b, g, in_block) : 0.0f;
+      }
+      memset(&view, 0, sizeof view);
+      view.seq = seq, view.layer = l, view.kv_head = g;
+      view.n_layers = c->n_layers, view.n_kv_heads = c->G;
+      view.n = s->len, view.keep = s->len - count;
+      view.head_dim = c->D, view.v_dim = c->DV;
+      view.pos = pos, view.k = k, view.v = DV ? v : NULL, view.attn_sum = e->accumulate ? attn : NULL;
+      for (j = 0; j < n; j++) scores[j] = NAN; /* unwritten counts as NaN */
+      st = e->score(e->score_user, &view, scores);
+      if (st != KVA_OK) {
+        kva__scored_free(c, out);
+        return st > KVA_OK && st <= KVA_ERR_STEP ? st : KVA_ERR_ARG;
+      }
+      for (slot = 0; slot < s->len; slot++) {
+        if (scores[slot] != scores[slot]) {
+          kva__scored_free(c, out);
+          return KVA_ERR_ARG;
+        }
+        if (kva__evictable(c, s, e, l, g, slot)) ranked[m].score = scores[slot], ranked[m].pos = pos[slot], ranked[m++].slot = slot;
+      }
+      KVATTN_ASSERT(m >= count); /* (kva__evict_count: the fewest evictable over all heads) */
+      qsort(ranked, (size_t)m, sizeof ranked[0], kva__ranked_cmp);
+      for (slot = 0; slot < count; slot++)
+        out->victims[((size_t)l * (size_t)c->G + (size_t)g) * (size_t)count + (size_t)slot] = ranked[slot].slot;
+    }
+  return KVA_OK;
+}
+
+/* Apply a planned eviction (victims: a scorer's, or NULL) and make e the
+   active policy: copy shared blocks that compaction or scores will write,
+   compact, release emptied blocks, copy a shared partly filled tail. */
+static inline void kva__evict_commit(kva_cache *c, kva__seq *s, const kva_evict *e, const kva__append_plan *pl,
+                                     const int32_t *victims) {
+  const int zero_scores = kva__accumulates(e) && !kva__accumulates(&s->evict);
+  int i;
+  s->evict = *e;
+  for (i = 0; i < pl->private_to; i++)
+    if (kva__block_shared(c, s->table[i])) kva__copy_on_write(c, s, i);
+  /* Scores count only attention made while an accumulating policy is the
+     active one: on switching to H2O every score is 0, so this eviction goes
+     oldest first (a scorer saw zeros), and the kept (now private) blocks
+     are zeroed after the compaction. */
+  if (pl->n_evict > 0) {
+    kva_evict by_age = *e;
+    if (zero_scores && e->kind == KVA_EVICT_H2O) by_age.kind = KVA_EVICT_WINDOW, by_age.n_recent = 0;
+    kva__evict_apply(c, s, &by_age, pl->n_evict, victims);
+  }
+  if (zero_scores)
+    for (i = 0; i < pl->keep_blocks; i++) {
+      int l;
+      for (l = 0; l < c->n_layers; l++)
+        memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
+    }
+  while (s->n_blocks > pl->keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
+  s->len -= pl->n_evict;
+  if (kva__tail_needs_copy(c, s)) kva__copy_on_write(c, s, s->len / c->bs);
+  if (c->block_bounds && pl->n_evict > 0) /* compacted: the kept keys' own bounds */
+    for (i = 0; i < c->n_layers; i++) kva__bounds_rebuild(c, s, i);
+}
+
 /* Set or change the policy; it applies from the next kva_seq_append. */
 KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) {
   kva__seq *s;
@@ -5318,8 +5506,8 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) 
   KVA__REFUSE(c, kva__evict_check(e) != KVA_OK, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
-  if ((e->kind == KVA_EVICT_H2O && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
-      (e->kind == KVA_EVICT_WINDOW && c->evict_support == KVA_EVICT_SUPPORT_NONE))
+  if ((kva__accumulates(e) && c->evict_support != KVA_EVICT_SUPPORT_ALL) ||
+      (e->kind != KVA_EVICT_NONE && c->evict_support == KVA_EVICT_SUPPORT_NONE))
     return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                        "the cache keeps no scores / positions for this policy (kva_cache_desc.evict_support)");
   s->evict_next = *e;
@@ -5337,7 +5525,8 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__seq *s;
   const kva_evict *e;
   kva__append_plan pl;
-  int i, w, zero_scores;
+  kva__scored scored = {NULL, NULL, 0};
+  int i, w;
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, n_tokens < 0, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
@@ -5345,39 +5534,23 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   if (n_tokens == 0) return KVA_OK;
   KVA__REFUSE(c, (long)s->pos + n_tokens > (long)INT32_MAX, KVA_ERR_ARG); /* positions are int32 */
   e = &s->evict_next;
-  kva__plan_append(c, s, n_tokens, &pl);
+  kva__plan_append(c, s, n_tokens, &s->evict_next, &pl);
   if (!pl.fits_now) {
     c->appends_failed++;
     return kva__refuse(c, KVA_ERR_FULL, __func__, "the pool has too few free or reclaimable blocks for the append");
+  }
+
+  if (e->kind == KVA_EVICT_SCORE && pl.n_evict > 0) { /* the scorer first: it may refuse */
+    kva_status st = kva__score_victims(c, s, seq, e, pl.n_evict, &scored);
+    if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
   }
 
   /* commit */
   kva__step_begin(c, s, 0); /* (slots before any eviction: what the last step left unstored) */
   c->append_counter++;
   kva__prefix_expire(c);
-  zero_scores = e->kind == KVA_EVICT_H2O && s->evict.kind != KVA_EVICT_H2O;
-  s->evict = *e;
-  for (i = 0; i < pl.private_to; i++)
-    if (kva__block_shared(c, s->table[i])) kva__copy_on_write(c, s, i);
-  /* Scores count only attention made while H2O is the policy: on switching
-     to H2O every score is 0, so this eviction goes oldest first, and the
-     kept (now private) blocks are zeroed after the compaction. */
-  if (pl.n_evict > 0) {
-    kva_evict by_age = *e;
-    if (zero_scores) by_age.kind = KVA_EVICT_WINDOW, by_age.n_recent = 0;
-    kva__evict_apply(c, s, zero_scores ? &by_age : e, pl.n_evict);
-  }
-  if (zero_scores)
-    for (i = 0; i < pl.keep_blocks; i++) {
-      int l;
-      for (l = 0; l < c->n_layers; l++)
-        memset(kva__score_ptr(c, l, s->table[i], 0, 0), 0, (size_t)c->G * (size_t)c->bs * sizeof(float));
-    }
-  while (s->n_blocks > pl.keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
-  s->len -= pl.n_evict;
-  if (kva__tail_needs_copy(c, s)) kva__copy_on_write(c, s, s->len / c->bs);
-  if (c->block_bounds && pl.n_evict > 0) /* compacted: the kept keys' own bounds */
-    for (i = 0; i < c->n_layers; i++) kva__bounds_rebuild(c, s, i);
+  kva__evict_commit(c, s, e, &pl, scored.victims);
+  kva__scored_free(c, &scored);
   for (w = 0; w < c->n_spans; w++) { /* (the step's queries sit at s->len and later) */
     kva__span *sp = &c->spans[w];
     int32_t *t = kva__span_table(c, s, w);
@@ -5392,6 +5565,107 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   s->len += n_tokens;
   s->pos += n_tokens;
   s->last_append = n_tokens;
+  return KVA_OK;
+}
+
+/* Evict now, down to `budget` tokens, with the sequence's policy (one-shot
+   prompt compression after prefill): planned, scored and checked first, as
+   an append's eviction, then applied; the step ends. */
+KVA_API kva_status kva_seq_compress(kva_cache *c, int seq, int budget) {
+  kva__seq *s;
+  kva_evict e;
+  kva__append_plan pl;
+  kva__scored scored = {NULL, NULL, 0};
+  int l;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, budget < 1, KVA_ERR_ARG);
+  s = kva__seq_get(c, seq);
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE_WHY(c, s->evict_next.kind == KVA_EVICT_NONE, KVA_ERR_ARG,
+                  "kva_seq_compress evicts by the sequence's policy: set one with kva_seq_set_evict");
+  for (l = 0; l < c->n_layers; l++)
+    KVA__REFUSE_WHY(c, !kva__step_stored(s, l), KVA_ERR_NOT_STORED,
+                    "the step's tokens are not all stored in every layer: kva_store them before compressing");
+  e = s->evict_next;
+  e.budget = budget;
+  e.rollback = 0;
+  kva__plan_append(c, s, 0, &e, &pl);
+  if (!pl.fits_now) return kva__refuse(c, KVA_ERR_FULL, __func__, "too few free blocks to copy the shared ones");
+  if (e.kind == KVA_EVICT_SCORE && pl.n_evict > 0) {
+    kva_status st = kva__score_victims(c, s, seq, &e, pl.n_evict, &scored);
+    if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
+  }
+  kva__step_begin(c, s, 0);
+  kva__evict_commit(c, s, &e, &pl, scored.victims);
+  s->evict = s->evict_next; /* the policy's own budget from here on */
+  kva__scored_free(c, &scored);
+  return KVA_OK;
+}
+
+/* The built-in scorers (docs/API.md, "Eviction scorers"). Knorm (Devoto et
+   al. 2024): the keys with the smallest L2 norm draw the most attention, so
+   they stay. */
+KVA_API kva_status kva_score_key_norm(void *user, const kva_score_view *view, float *scores) {
+  int j, i;
+  (void)user;
+  if (!view || !scores || !view->k || view->n < 0 || view->head_dim < 1) return KVA_ERR_ARG;
+  for (j = 0; j < view->n; j++) {
+    const float *k = view->k + (size_t)j * (size_t)view->head_dim;
+    double ss = 0.0;
+    for (i = 0; i < view->head_dim; i++) ss += (double)k[i] * (double)k[i];
+    scores[j] = (float)-sqrt(ss);
+  }
+  return KVA_OK;
+}
+
+/* TOVA (the current query's attention) and SnapKV (the observation window's,
+   pooled): the attention the given queries of this layer and KV group pay
+   each held key, summed in double; then average pooling over slots. */
+KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, float *scores) {
+  const kva_score_queries *Q = (const kva_score_queries *)user;
+  int R, t, h, j, d, n, half;
+  double scale, *raw;
+  size_t per_layer;
+  if (!Q || !view || !scores || !view->k || !view->pos || !Q->q || Q->n_q < 1 || view->n < 0 || view->n_kv_heads < 1 ||
+      Q->n_heads < view->n_kv_heads || Q->n_heads % view->n_kv_heads != 0 || Q->scale < 0.0f || !(Q->scale == Q->scale) ||
+      Q->pool < 0 || (Q->pool > 1 && Q->pool % 2 == 0))
+    return KVA_ERR_ARG;
+  n = view->n;
+  if (n == 0) return KVA_OK;
+  R = Q->n_heads / view->n_kv_heads;
+  scale = Q->scale > 0.0f ? (double)Q->scale : 1.0 / sqrt((double)view->head_dim);
+  per_layer = (size_t)Q->n_q * (size_t)Q->n_heads * (size_t)view->head_dim;
+  /* the raw sums in the scores' own memory would lose the doubles: one pass per slot instead */
+  raw = (double *)KVATTN_MALLOC((size_t)n * 2 * sizeof(double));
+  if (!raw) return KVA_ERR_NOMEM;
+  for (j = 0; j < n; j++) raw[j] = 0.0;
+  for (t = 0; t < Q->n_q; t++) {
+    int32_t qp = Q->q_pos ? Q->q_pos[t] : view->pos[n - Q->n_q + t < 0 ? 0 : n - Q->n_q + t];
+    if (!Q->q_pos && n - Q->n_q + t < 0) continue; /* fewer keys held than queries: the first see none */
+    for (h = view->kv_head * R; h < view->kv_head * R + R; h++) {
+      const float *q = Q->q + (size_t)view->layer * per_layer + ((size_t)t * (size_t)Q->n_heads + (size_t)h) * (size_t)view->head_dim;
+      double mx = -INFINITY, sum = 0.0, *e = raw + n;
+      for (j = 0; j < n; j++) {
+        const float *k = view->k + (size_t)j * (size_t)view->head_dim;
+        double x = 0.0;
+        if (view->pos[j] > qp) { e[j] = -INFINITY; continue; }
+        for (d = 0; d < view->head_dim; d++) x += (double)q[d] * (double)k[d];
+        e[j] = scale * x;
+        if (e[j] > mx) mx = e[j];
+      }
+      if (mx == -INFINITY) continue;
+      for (j = 0; j < n; j++) sum += e[j] = e[j] == -INFINITY ? 0.0 : exp(e[j] - mx);
+      for (j = 0; j < n; j++) raw[j] += e[j] / sum;
+    }
+  }
+  half = Q->pool > 1 ? Q->pool / 2 : 0;
+  for (j = 0; j < n; j++) {
+    double acc = 0.0;
+    for (d = j - half; d <= j + half; d++)
+      if (d >= 0 && d < n) acc += raw[d];
+    scores[j] = (float)(half ? acc / (double)Q->pool : acc);
+  }
+  KVATTN_FREE(raw);
   return KVA_OK;
 }
 
@@ -5419,7 +5693,10 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
     kva__append_plan pl;
     int short_of_blocks = 0;
     if (n_tokens[i] == 0) continue;
-    kva__plan_append(c, kva__seq_get(c, seqs[i]), n_tokens[i], &pl);
+    kva__plan_append(c, kva__seq_get(c, seqs[i]), n_tokens[i], &kva__seq_get(c, seqs[i])->evict_next, &pl);
+    if (pl.n_evict > 0 && kva__seq_get(c, seqs[i])->evict_next.kind == KVA_EVICT_SCORE)
+      return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
+                         "a scorer may refuse: append a sequence that evicts by KVA_EVICT_SCORE with kva_seq_append");
     for (j = 0; j < c->n_spans; j++) {
       short_of_blocks |= pl.span_need[j] > span_avail[j] + pl.span_releasable[j];
       span_avail[j] += pl.span_releasable[j] - pl.span_need[j];
@@ -5584,7 +5861,7 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
     if (blocks_needed) *blocks_needed = 0;
     return KVA_FITS_NOW;
   }
-  kva__plan_append(c, s, n_tokens, &pl);
+  kva__plan_append(c, s, n_tokens, &s->evict_next, &pl);
   if (blocks_needed) *blocks_needed = (int)(pl.copies + pl.fresh);
   if (pl.fits_now) return KVA_FITS_NOW;
   /* once every other sequence let go, nothing is shared: the sequence needs its own blocks only */
@@ -5906,7 +6183,10 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   unstored = s->unstored_from;
   p = kva__put_i32(p, unstored >= s->len ? -1 : unstored); /* a slot past the end is none */
   for (i = 0; i < 2; i++) {
+    kva_evict none;
     const kva_evict *e = i == 0 ? &s->evict : &s->evict_next;
+    memset(&none, 0, sizeof none);
+    if (e->kind == KVA_EVICT_SCORE) e = &none; /* a function does not travel */
     p = kva__put_i32(p, e->kind);
     p = kva__put_i32(p, e->budget);
     p = kva__put_i32(p, e->n_sink);
@@ -6014,6 +6294,7 @@ KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, in
     return kva__refuse(c, KVA_ERR_STREAM, __func__, "the stream's header is inconsistent");
   for (i = 0; i < 2; i++) {
     kva_evict *e = &ev[i];
+    memset(e, 0, sizeof *e);
     e->kind = h[11 + 5 * i], e->budget = h[12 + 5 * i], e->n_sink = h[13 + 5 * i];
     e->n_recent = h[14 + 5 * i], e->rollback = h[15 + 5 * i];
     if (kva__evict_check(e) != KVA_OK || (e->kind == KVA_EVICT_NONE && (e->budget || e->n_sink || e->n_recent ||
@@ -6229,10 +6510,6 @@ KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, c
   return kva_store_at(c, seq, layer, offset, k, v, n_tokens);
 }
 
-/* Has `layer` stored every token of the sequence's step? */
-static inline int kva__step_stored(const kva__seq *s, int layer) {
-  return s->stored[2 * layer] == 0 && s->stored[2 * layer + 1] == s->last_append;
-}
 
 /* Would storing the step's newest n tokens complete `layer`'s step? (A layer
    forward stores them, then attends: it checks this first, to fail before
@@ -6285,7 +6562,7 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->block_size = c->bs;
   w->n_kv_heads = c->G;
   w->bounds = c->block_bounds ? kva__bounds_ptr(c, layer, 0, 0) : NULL;
-  if (s->evict.kind == KVA_EVICT_H2O) /* attention adds to the scores; the append made every block private */
+  if (kva__accumulates(&s->evict)) /* attention adds to the scores; the append made every block private */
     w->key_scores = c->block_score + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs;
 }
 
@@ -6316,7 +6593,8 @@ static inline const char *kva__select_span_rule(const kva_cache *c, const kva__a
 /* Why sequence s cannot select (NULL: it can): KVA_ERR_UNSUPPORTED */
 static inline const char *kva__select_seq_rule(const kva_cache *c, const kva__seq *s, int tree) {
   if (!c->block_bounds) return "a->select_budget needs a cache that keeps block bounds (kva_cache_desc.block_bounds)";
-  if (tree || s->evict.kind == KVA_EVICT_H2O) return "block selection does not combine with tree attention or H2O's scores";
+  if (tree || kva__accumulates(&s->evict))
+    return "block selection does not combine with tree attention or accumulated attention (H2O, accumulate)";
   return NULL;
 }
 /* Can a query at position p see any of the keys at positions [first, end)
@@ -6587,7 +6865,7 @@ KVA_API void kva_batch_free(kva_batch *b) {
    on; with b NULL, only the counters advance (the plan's sizing pass). */
 static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const kva__seq *s, int i, int n_q,
                                  int items_total, int *u, int *pi, int *mi) {
-  int chunks = (n_q * P->R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = s->evict.kind == KVA_EVICT_H2O, g, ch, k;
+  int chunks = (n_q * P->R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = kva__accumulates(&s->evict), g, ch, k;
   int S = kva__kv_splits(items_total, s->len, h2o);
   const int selects = kva__selects(P, s->len);
   for (g = 0; g < P->G && chunks > 0; g++) {
@@ -6671,7 +6949,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
-    items_total += s->evict.kind == KVA_EVICT_H2O ? (chunks > 0 ? P.G : 0) : P.G * chunks;
+    items_total += kva__accumulates(&s->evict) ? (chunks > 0 ? P.G : 0) : P.G * chunks;
   }
   for (i = 0; i < n_seqs; i++) /* count units, split parts and merges */
     kva__plan_seq(NULL, &P, kva__seq_get(c, seqs[i]), i, n_q[i], items_total, &n_units, &n_parts, &n_merges);
@@ -6721,7 +6999,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     b->n_q[i] = n_q[i];
     b->len[i] = s->len;
     b->pos[i] = s->pos;
-    b->evict_kind[i] = (int)s->evict.kind;
+    b->evict_kind[i] = kva__accumulates(&s->evict) ? KVA_EVICT_H2O : (int)s->evict.kind;
     b->q_row[i] = rows_total;
     rows_total += n_q[i];
     kva__plan_seq(b, &P, s, i, n_q[i], items_total, &u, &pi, &mi);
@@ -6766,7 +7044,7 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   KVA__REFUSE(c, b->n_units > 0 && (!q || !out), KVA_ERR_ARG);
   for (i = 0; i < b->n_seqs; i++) { /* a stale plan: the sequence moved on (argument errors first) */
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
-    if (s && (s->len != b->len[i] || s->pos != b->pos[i] || (int)s->evict.kind != b->evict_kind[i] ||
+    if (s && (s->len != b->len[i] || s->pos != b->pos[i] || (kva__accumulates(&s->evict) ? KVA_EVICT_H2O : (int)s->evict.kind) != b->evict_kind[i] ||
               b->n_q[i] > s->last_append))
       return kva__refuse(c, KVA_ERR_ARG, __func__, "a sequence changed since the plan was made: plan again");
   }
@@ -7182,7 +7460,7 @@ static inline kva_status kva__mla_attend_naive(const kva_mla_layer *L, kva_cache
   a.n_heads = H; a.n_kv_heads = H; a.n_threads = L->n_threads;
   a.head_dim = q_width; a.v_dim = d_v; a.scale = scale;
   st = kva_attend(&a, w->q, n_tokens, w->pos, w->K, w->V, len, w->kpos, w->o, w->lse);
-  if (st == KVA_OK && s->evict.kind == KVA_EVICT_H2O)
+  if (st == KVA_OK && kva__accumulates(&s->evict))
     for (j = 0; j < len; j++) {
       int in_block;
       int32_t b = kva__slot_block(c, s, layer, j, &in_block);

@@ -32,6 +32,7 @@ static const double pk_frac[3] = {0.25, 0.5, 0.9};
 
 typedef struct {
   int kind, pct;     /* pct: eviction budget in percent of seq_len */
+  int tokens;        /* > 0: the budget in tokens instead (at most the context) */
   char name[64];
   llm_cache_opts co;
   int int_scores;    /* kva_attn.int_scores of its attention calls */
@@ -55,10 +56,15 @@ typedef struct {
 static const char *qm_policy(const qm_cfg *q) {
   return q->sel ? "SELECT" : q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW";
 }
-/* The state's block selection for q over a context of n tokens: pct of n read, the first block's
+/* q's budget over a context of n tokens: pct of n, or its tokens (at most n); at least 1 */
+static int qm_budget(const qm_cfg *q, int n) {
+  int b = q->tokens > 0 ? (q->tokens < n ? q->tokens : n) : (int)floor((double)q->pct * n / 100.0 + 0.5);
+  return b < 1 ? 1 : b;
+}
+/* The state's block selection for q over a context of n tokens: its budget read, the first block's
    4 sinks and the newest 16 tokens always (0: q does not select) */
 static void qm_select(const qm_cfg *q, llm_state *s, int n) {
-  int b = q->sel ? (int)floor((double)q->pct * n / 100.0 + 0.5) : 0;
+  int b = q->sel ? qm_budget(q, n) : 0;
   s->select_budget = q->sel ? (b < 1 ? 1 : b) : 0;
   s->select_sink = q->sel ? 4 : 0;
   s->select_recent = q->sel ? 16 : 0;
@@ -685,27 +691,52 @@ static int qm_configurations(qm_run *R) {
       q->co.v_dtype = i ? KVA_INT8 : KVA_INT4;
       snprintf(q->name, sizeof q->name, "K %s, V %s", kva_dtype_name(q->co.k_dtype), kva_dtype_name(q->co.v_dtype));
     }
-    for (i = 0; i < 4; i++) /* WINDOW, WINDOW + 4 sinks, H2O, block selection */
-      for (j = 0; j < R->o->n_budgets && R->n_cfg < QM_MAXCFG; j++) {
+    /* WINDOW, WINDOW + 4 sinks, H2O, block selection at each share of the context; then WINDOW,
+       H2O and block selection at each token budget (the same tokens held or read) */
+    for (i = 0; i < 7; i++)
+      for (j = 0; j < (i < 4 ? R->o->n_budgets : R->o->n_budget_tokens) && R->n_cfg < QM_MAXCFG; j++) {
         qm_cfg *q = &R->cf[R->n_cfg++];
-        int b = (int)floor((double)R->o->budgets[j] * R->W / 100.0 + 0.5);
+        int pol = i < 4 ? i : i == 4 ? 0 : i == 5 ? 2 : 3;
+        char amount[32];
         q->kind = QK_EVICT;
-        q->pct = (int)R->o->budgets[j];
+        if (i < 4) {
+          q->pct = (int)R->o->budgets[j];
+          snprintf(amount, sizeof amount, "%ld%%", R->o->budgets[j]);
+        } else {
+          q->tokens = (int)R->o->budget_tokens[j];
+          snprintf(amount, sizeof amount, "%ld tokens", R->o->budget_tokens[j]);
+        }
         q->co.k_dtype = q->co.v_dtype = KVA_F32;
-        if (i == 3) {
+        if (pol == 3) {
           q->sel = 1;
           q->co.block_bounds = 1;
-          snprintf(q->name, sizeof q->name, "SELECT %ld%% (4 sinks, 16 recent)", R->o->budgets[j]);
+          snprintf(q->name, sizeof q->name, "SELECT %s (4 sinks, 16 recent)", amount);
           continue;
         }
-        q->ev.kind = i < 2 ? KVA_EVICT_WINDOW : KVA_EVICT_H2O;
-        q->ev.budget = b < 1 ? 1 : b;
-        q->ev.n_sink = i ? (q->ev.budget >= 8 ? 4 : 0) : 0;
-        q->ev.n_recent = i == 2 ? q->ev.budget / 2 : 0;
+        q->ev.kind = pol < 2 ? KVA_EVICT_WINDOW : KVA_EVICT_H2O;
+        q->ev.budget = qm_budget(q, R->W);
+        q->ev.n_sink = pol ? (q->ev.budget >= 8 ? 4 : 0) : 0;
+        q->ev.n_recent = pol == 2 ? q->ev.budget / 2 : 0;
         if (q->ev.n_sink + q->ev.n_recent > q->ev.budget) q->ev.n_recent = q->ev.budget - q->ev.n_sink;
-        snprintf(q->name, sizeof q->name, "%s %ld%%%s", i < 2 ? "WINDOW" : "H2O", R->o->budgets[j],
-                 i == 1 ? " + 4 sinks" : i == 2 ? " (4 sinks)" : "");
+        snprintf(q->name, sizeof q->name, "%s %s%s", pol < 2 ? "WINDOW" : "H2O", amount,
+                 pol == 1 ? " + 4 sinks" : pol == 2 ? " (4 sinks)" : "");
       }
+  }
+  if (R->o->configs) { /* only the configurations asked for */
+    int kept = 0;
+    for (i = 0; i < R->n_cfg; i++) {
+      const char *w = R->o->configs;
+      int keep = 0;
+      while (*w && !keep) {
+        size_t len = strcspn(w, ",");
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)(len < sizeof word - 1 ? len : sizeof word - 1), w);
+        keep = len > 0 && strstr(R->cf[i].name, word) != NULL;
+        w += len + (w[len] == ',');
+      }
+      if (keep) R->cf[kept++] = R->cf[i];
+    }
+    R->n_cfg = kept;
   }
   R->ref.co.k_dtype = R->ref.co.v_dtype = KVA_F32;
   snprintf(R->ref.name, sizeof R->ref.name, "f32 reference");
@@ -823,8 +854,7 @@ static int qm_needles(qm_run *R) {
         if (q->bad) continue;
         qm_select(q, &R->st, c->context);
         if (q->kind == QK_EVICT && !q->sel) {
-          ev.budget = (int)floor((double)q->pct * c->context / 100.0 + 0.5);
-          if (ev.budget < 1) ev.budget = 1;
+          ev.budget = qm_budget(q, c->context);
           if (ev.n_sink > ev.budget) ev.n_sink = 0;
           if (ev.kind == KVA_EVICT_H2O) ev.n_recent = ev.budget / 2;
           if (ev.n_sink + ev.n_recent > ev.budget) ev.n_recent = ev.budget - ev.n_sink;
@@ -882,7 +912,8 @@ static void qm_needle_rows(qm_run *R) {
           if (q->kind == QK_EVICT) {
             rs(r, C_POLICY, "%s", qm_policy(q));
             rn(r, C_NSINK, q->ev.n_sink);
-            rn(r, C_BUDGETFRAC, q->pct / 100.0);
+            if (q->tokens) rn(r, C_BUDGET, q->tokens);
+            else rn(r, C_BUDGETFRAC, q->pct / 100.0);
           }
         }
   }
@@ -904,7 +935,8 @@ static void qm_needle_rows(qm_run *R) {
       if (q->kind == QK_EVICT) {
         rs(r, C_POLICY, "%s", qm_policy(q));
         rn(r, C_NSINK, q->ev.n_sink);
-        rn(r, C_BUDGETFRAC, q->pct / 100.0);
+        if (q->tokens) rn(r, C_BUDGET, q->tokens);
+        else rn(r, C_BUDGETFRAC, q->pct / 100.0);
       }
     }
   if (g_fmt != OUT_TABLE) return;
@@ -1030,7 +1062,7 @@ static void qm_table(qm_run *R) {
           if (q->kind == QK_STORE && q->co.k_dtype == KVA_INT4) i4 = q;
           if (q->kind == QK_MIXED && q->co.k_dtype == KVA_INT4) i4e = q;
           if (q->kind == QK_KV) *(q->co.k_dtype == KVA_INT4 ? &k4v8 : &k8v4) = q;
-          if (q->kind == QK_EVICT && !q->sel)
+          if (q->kind == QK_EVICT && !q->sel && !q->tokens)
             for (j = 0; j < R->o->n_budgets; j++)
               if (q->pct == R->o->budgets[j]) {
                 if (q->ev.kind == KVA_EVICT_H2O) h2o[j] = q;
@@ -1131,8 +1163,8 @@ static int qm_rows(qm_run *R) {
       }
       if (q->kind == QK_EVICT) {
         rs(r, C_POLICY, "%s", qm_policy(q));
-        rn(r, C_BUDGET, q->sel ? (int)floor((double)q->pct * R->W / 100.0 + 0.5) : q->ev.budget);
-        rn(r, C_BUDGETFRAC, q->sel ? q->pct / 100.0 : (double)q->ev.budget / R->W);
+        rn(r, C_BUDGET, q->sel ? qm_budget(q, R->W) : q->ev.budget);
+        rn(r, C_BUDGETFRAC, q->sel ? qm_budget(q, R->W) / (double)R->W : (double)q->ev.budget / R->W);
         rn(r, C_NSINK, q->ev.n_sink);
         if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
         rn(r, C_BHELD, (double)q->bpt * (!q->sel && q->ev.budget < R->W ? q->ev.budget : R->W));

@@ -218,6 +218,10 @@ typedef struct {
   int evict_ctx, evict_ctx_set;
   long budgets[MAXL];
   int n_budgets;
+  long budget_tokens[MAXL];    /* quality model: WINDOW, H2O and SELECT also at these many tokens */
+  int n_budget_tokens;
+  const char *configs;         /* quality model / needle: only the configurations whose names contain one
+                                  of these comma-separated words (NULL: all) */
   const char *model_dir;       /* quality model: the trained model's directory (NULL: bench/model) */
   const char *model_file;      /* quality model / needle: its model.bin (NULL: in model_dir) */
   const char *tokenizer_file;  /* quality model / needle: its tokenizer.bin (NULL: in model_dir) */

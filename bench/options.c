@@ -150,6 +150,10 @@ static void usage(void) {
       "  --evict-ctx N       quality evict: tokens generated (default 2048, --quick 1024)\n"
       "  --budgets LIST      quality evict: budgets in percent of --evict-ctx (default 10,20,50); the\n"
       "                      random-data rows use 20 (or the first); quality model: percent of seq_len\n"
+      "  --budget-tokens LIST quality model: WINDOW, H2O and SELECT also at these token budgets (default\n"
+      "                      256,512,1024; 0: none)\n"
+      "  --configs WORDS     quality model, needle: only the configurations whose names contain one of\n"
+      "                      these comma-separated words (e.g. SELECT,H2O; the f32 reference always runs)\n"
       "  --model-dir DIR     quality model, needle: the directory with model.bin, tokenizer.bin,\n"
       "                      heldout.ids and optionally calib.txt, passkey.tsv, needle_single.tsv and\n"
       "                      needle_multi.tsv (default bench/model, from the repository root; the\n"
@@ -218,6 +222,7 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
   o->batch_lo = 256;
   o->batch_hi = 8192;
   o->budgets[0] = 10; o->budgets[1] = 20; o->budgets[2] = 50; o->n_budgets = 3;
+  o->budget_tokens[0] = 256; o->budget_tokens[1] = 512; o->budget_tokens[2] = 1024; o->n_budget_tokens = 3;
   for (i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     long tmp[MAXL];
@@ -338,6 +343,16 @@ int parse_args(int argc, char **argv, opts *o, set_flags *sf) {
       if ((n = parse_ints(v, o->budgets, MAXL)) <= 0) return bad("--budgets", v);
       for (k = 0; k < n; k++) if (o->budgets[k] < 2 || o->budgets[k] > 100) return bad("--budgets (percent, 2..100)", v);
       o->n_budgets = n;
+    } else if (!strcmp(a, "--budget-tokens")) {
+      NEEDV();
+      if ((n = parse_ints(v, o->budget_tokens, MAXL)) <= 0) return bad("--budget-tokens", v);
+      for (k = 0; k < n; k++)
+        if (o->budget_tokens[k] < 0 || o->budget_tokens[k] > 1000000) return bad("--budget-tokens (0..1,000,000)", v);
+      o->n_budget_tokens = n == 1 && o->budget_tokens[0] == 0 ? 0 : n;
+    } else if (!strcmp(a, "--configs")) {
+      NEEDV();
+      if (!*v) return bad("--configs", v);
+      o->configs = v;
     } else if (!strcmp(a, "--model-dir")) {
       NEEDV();
       o->model_dir = v;
