@@ -468,6 +468,7 @@ typedef struct {
   const int32_t *q_pos; /* [n_q] their positions (NULL: the last n_q held positions); a query sees keys at
                            or before its own position */
   int pool;           /* SnapKV: average-pooling width over neighbouring slots, odd (0 or 1: none) */
+  size_t layer_stride; /* floats from one layer's queries to the next (0: n_q x n_heads x head_dim) */
 } kva_score_queries;
 
 typedef struct kva_cache kva_cache; /* opaque: its members are not part of the API */
@@ -5634,7 +5635,7 @@ KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, f
   if (n == 0) return KVA_OK;
   R = Q->n_heads / view->n_kv_heads;
   scale = Q->scale > 0.0f ? (double)Q->scale : 1.0 / sqrt((double)view->head_dim);
-  per_layer = (size_t)Q->n_q * (size_t)Q->n_heads * (size_t)view->head_dim;
+  per_layer = Q->layer_stride ? Q->layer_stride : (size_t)Q->n_q * (size_t)Q->n_heads * (size_t)view->head_dim;
   /* the raw sums in the scores' own memory would lose the doubles: one pass per slot instead */
   raw = (double *)KVATTN_MALLOC((size_t)n * 2 * sizeof(double));
   if (!raw) return KVA_ERR_NOMEM;

@@ -19,7 +19,7 @@
 #include "examples/llm.h"
 #include "examples/needle.h"
 
-#define QM_MAXCFG 48
+#define QM_MAXCFG 64
 #define QM_QUICK_WINDOWS 2
 #define QM_QUICK_PASSKEY 1 /* cases per distance */
 #define QM_F16_KL_MAX 1e-3 /* a sanity bound: an F16 cache's KL is orders of magnitude below */
@@ -29,10 +29,16 @@
 enum { QK_STORE, QK_FP8, QK_MIXED, QK_KV, QK_EVICT };
 static const char *const qk_name[] = {"storage", "fp8", "mixed", "k/v", "eviction"};
 static const double pk_frac[3] = {0.25, 0.5, 0.9};
+/* eviction scorers (KVA_EVICT_SCORE): TOVA judges by the current query, SnapKV compresses a prompt once
+   by its last QM_SNAP_WINDOW queries pooled over QM_SNAP_POOL slots, Knorm keeps the smallest keys */
+enum { QS_NONE = 0, QS_TOVA, QS_SNAPKV, QS_KNORM };
+#define QM_SNAP_WINDOW 32
+#define QM_SNAP_POOL 7
 
 typedef struct {
   int kind, pct;     /* pct: eviction budget in percent of seq_len */
   int tokens;        /* > 0: the budget in tokens instead (at most the context) */
+  int scorer;        /* KVA_EVICT_SCORE rows: QS_TOVA, QS_SNAPKV, QS_KNORM (0: none) */
   char name[64];
   llm_cache_opts co;
   int int_scores;    /* kva_attn.int_scores of its attention calls */
@@ -54,7 +60,8 @@ typedef struct {
 
 /* The row's policy; block selection reads pct of the context per step and holds everything */
 static const char *qm_policy(const qm_cfg *q) {
-  return q->sel ? "SELECT" : q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW";
+  static const char *const scorer[] = {"", "TOVA", "SnapKV", "Knorm"};
+  return q->sel ? "SELECT" : q->scorer ? scorer[q->scorer] : q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW";
 }
 /* q's budget over a context of n tokens: pct of n, or its tokens (at most n); at least 1 */
 static int qm_budget(const qm_cfg *q, int n) {
@@ -68,6 +75,16 @@ static void qm_select(const qm_cfg *q, llm_state *s, int n) {
   s->select_budget = q->sel ? (b < 1 ? 1 : b) : 0;
   s->select_sink = q->sel ? 4 : 0;
   s->select_recent = q->sel ? 16 : 0;
+}
+
+/* The state's kept queries and prompt compression for q's scorer over a context of n tokens (every
+   sequence starts with none kept) */
+static int qm_scorer_state(const qm_cfg *q, llm_state *s, const llm_model *m, int n) {
+  int rows = q->scorer == QS_TOVA ? 1 : q->scorer == QS_SNAPKV ? QM_SNAP_WINDOW : 0;
+  s->compress_budget = q->scorer == QS_SNAPKV ? qm_budget(q, n) : 0;
+  if (rows != s->q_keep_max && !llm_keep_queries(s, m, rows, q->scorer == QS_SNAPKV ? QM_SNAP_POOL : 1)) return 0;
+  s->q_kept = 0;
+  return 1;
 }
 
 typedef struct {
@@ -161,6 +178,9 @@ static kva_status qm_window(const llm_model *m, llm_state *s, qm_cfg *q, const i
   s->int_scores = q->int_scores;
   s->int_values = q->int_values;
   qm_select(q, s, W);
+  /* SnapKV compresses a prompt once: it has no streaming loss (its rows are needle and passkey only) */
+  if (q->scorer == QS_SNAPKV) return KVA_OK;
+  if (!qm_scorer_state(q, s, m, W)) return KVA_ERR_NOMEM;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict && (st = kva_seq_set_evict(q->c, seq, &q->ev)) != KVA_OK) {
     kva_seq_free(q->c, seq);
@@ -226,10 +246,14 @@ static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokeniz
   s->int_scores = q->int_scores;
   s->int_values = q->int_values;
   qm_select(q, s, m->c.seq_len);
+  if (!qm_scorer_state(q, s, m, pc->n)) return KVA_ERR_NOMEM;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict) st = kva_seq_set_evict(q->c, seq, &q->ev);
   if (st == KVA_OK) {
-    if (evict)
+    if (evict && s->compress_budget > 0) { /* prefill, then compress the prompt (SnapKV) */
+      st = llm_forward(m, s, q->c, seq, pc->tok, pc->n, s->logits, 0);
+      if (st == KVA_OK) st = kva_seq_compress(q->c, seq, s->compress_budget);
+    } else if (evict)
       for (i = 0; i < pc->n && st == KVA_OK; i++)
         st = llm_forward(m, s, q->c, seq, pc->tok + i, 1, i == pc->n - 1 ? s->logits : NULL, 0);
     else
@@ -722,6 +746,24 @@ static int qm_configurations(qm_run *R) {
                  pol == 1 ? " + 4 sinks" : pol == 2 ? " (4 sinks)" : "");
       }
   }
+  { /* eviction scorers (KVA_EVICT_SCORE) at each share of the context */
+    static const char *const what[] = {"", "TOVA %ld%%", "SnapKV %ld%% (window 32, pool 7)", "Knorm %ld%%"};
+    for (i = QS_TOVA; i <= QS_KNORM; i++)
+      for (j = 0; j < R->o->n_budgets && R->n_cfg < QM_MAXCFG; j++) {
+        qm_cfg *q = &R->cf[R->n_cfg++];
+        q->kind = QK_EVICT;
+        q->scorer = i;
+        q->pct = (int)R->o->budgets[j];
+        q->co.k_dtype = q->co.v_dtype = KVA_F32;
+        q->ev.kind = KVA_EVICT_SCORE;
+        q->ev.score = i == QS_KNORM ? kva_score_key_norm : llm_score_queries;
+        q->ev.score_user = i == QS_KNORM ? NULL : &R->st;
+        /* SnapKV: nothing evicted while the prompt fills; then one compression keeps its window */
+        q->ev.budget = i == QS_SNAPKV ? 1 << 24 : qm_budget(q, R->W);
+        q->ev.n_recent = i == QS_SNAPKV ? QM_SNAP_WINDOW : 0;
+        snprintf(q->name, sizeof q->name, what[i], R->o->budgets[j]);
+      }
+  }
   if (R->o->configs) { /* only the configurations asked for */
     int kept = 0;
     for (i = 0; i < R->n_cfg; i++) {
@@ -853,7 +895,12 @@ static int qm_needles(qm_run *R) {
         kva_status cs;
         if (q->bad) continue;
         qm_select(q, &R->st, c->context);
-        if (q->kind == QK_EVICT && !q->sel) {
+        if (!qm_scorer_state(q, &R->st, &R->md, c->context)) {
+          q->bad = 1;
+          snprintf(q->msg, sizeof q->msg, "ERROR needle: out of memory");
+          continue;
+        }
+        if (q->kind == QK_EVICT && !q->sel && q->scorer != QS_SNAPKV) {
           ev.budget = qm_budget(q, c->context);
           if (ev.n_sink > ev.budget) ev.n_sink = 0;
           if (ev.kind == KVA_EVICT_H2O) ev.n_recent = ev.budget / 2;
@@ -1162,12 +1209,16 @@ static int qm_rows(qm_run *R) {
         rn(r, C_VSCALE, q->co.v_scale);
       }
       if (q->kind == QK_EVICT) {
+        /* the policy's budget is not the tokens kept / read */
+        int by_share = q->sel || q->scorer == QS_SNAPKV;
         rs(r, C_POLICY, "%s", qm_policy(q));
-        rn(r, C_BUDGET, q->sel ? qm_budget(q, R->W) : q->ev.budget);
-        rn(r, C_BUDGETFRAC, q->sel ? qm_budget(q, R->W) / (double)R->W : (double)q->ev.budget / R->W);
+        rn(r, C_BUDGET, by_share ? qm_budget(q, R->W) : q->ev.budget);
+        rn(r, C_BUDGETFRAC, by_share ? qm_budget(q, R->W) / (double)R->W : (double)q->ev.budget / R->W);
         rn(r, C_NSINK, q->ev.n_sink);
         if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
-        rn(r, C_BHELD, (double)q->bpt * (!q->sel && q->ev.budget < R->W ? q->ev.budget : R->W));
+        if (q->ev.kind == KVA_EVICT_SCORE) rn(r, C_NRECENT, q->ev.n_recent);
+        rn(r, C_BHELD, (double)q->bpt * (q->scorer == QS_SNAPKV ? qm_budget(q, R->W)
+                                         : !q->sel && q->ev.budget < R->W ? q->ev.budget : R->W));
       } else {
         rs(r, C_POLICY, "none");
         rn(r, C_BHELD, (double)q->bpt * R->W);
@@ -1243,6 +1294,10 @@ static int qm_rows(qm_run *R) {
         }
         else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32)
           rs(r, C_NOTE, "a second run: bit-identical to the reference");
+        else if (q->kind == QK_EVICT && q->scorer == QS_SNAPKV)
+          rs(r, C_NOTE, "a prompt compressed once to %d%% (needle, passkey; no streaming loss)", q->pct);
+        else if (q->kind == QK_EVICT && q->sel)
+          rs(r, C_NOTE, "holds every token; reads %d per query token and KV head", qm_budget(q, R->W));
         else if (q->kind == QK_EVICT)
           rs(r, C_NOTE, "held = min(tokens, %d) after every step", q->ev.budget);
       }

@@ -18,10 +18,12 @@
    options
    ====================================================================== */
 
+enum { SCORER_NONE = 0, SCORER_TOVA, SCORER_SNAPKV, SCORER_KNORM };
 typedef struct {
   kva_evict_kind kind;
   double budget;   /* tokens, or a percentage when pct */
   int pct, sinks, recent; /* recent < 0: budget / 2 (H2O) */
+  int scorer, window, pool; /* KVA_EVICT_SCORE: which; SnapKV's observation window and pooling */
   char text[64];
 } evict_spec;
 
@@ -91,6 +93,11 @@ static void usage(FILE *f) {
           "                tokens, BUDGET in all\n"
           "  --evict h2o:BUDGET[:SINKS[:RECENT]]   H2O: SINKS first (default 0), RECENT newest (default\n"
           "                BUDGET/2), the rest by accumulated attention\n"
+          "  --evict tova:BUDGET   TOVA: keep the tokens the current query attends to most\n"
+          "  --evict knorm:BUDGET[:SINKS]   Knorm: keep the keys with the smallest L2 norm\n"
+          "  --evict snapkv:BUDGET[:WINDOW[:POOL]]   SnapKV: compress the prompt once, after prefill, to\n"
+          "                BUDGET tokens by the attention of its last WINDOW queries (default 32) pooled\n"
+          "                over POOL slots (odd, default 7); generation and --needle only\n"
           "                BUDGET is a token count or a percentage (20%%) of the window (--ppl), of the\n"
           "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n"
           "  --fp8-scale S[,SV]   FP8 tensor scale of K (and V); stored value = fp8(x / S) (default 1)\n"
@@ -177,9 +184,16 @@ static void parse_evict(const char *s, evict_spec *e) {
   }
   if (strcmp(f[0], "window") == 0) e->kind = KVA_EVICT_WINDOW;
   else if (strcmp(f[0], "h2o") == 0) e->kind = KVA_EVICT_H2O;
-  else die("--evict: '%s': expected window:BUDGET[:SINKS], h2o:BUDGET[:SINKS[:RECENT]] or none", s);
-  if (n < 2 || n > (e->kind == KVA_EVICT_WINDOW ? 3 : 4) || (p && n == 5))
-    die("--evict: '%s': expected window:BUDGET[:SINKS] or h2o:BUDGET[:SINKS[:RECENT]]", s);
+  else if (strcmp(f[0], "tova") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_TOVA;
+  else if (strcmp(f[0], "knorm") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_KNORM;
+  else if (strcmp(f[0], "snapkv") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_SNAPKV;
+  else
+    die("--evict: '%s': expected window:BUDGET[:SINKS], h2o:BUDGET[:SINKS[:RECENT]], tova:BUDGET, "
+        "knorm:BUDGET[:SINKS], snapkv:BUDGET[:WINDOW[:POOL]] or none", s);
+  if (n < 2 || n > (e->kind == KVA_EVICT_WINDOW || e->scorer == SCORER_KNORM ? 3 : e->scorer == SCORER_TOVA ? 2 : 4) ||
+      (p && n == 5))
+    die("--evict: '%s': expected window:BUDGET[:SINKS], h2o:BUDGET[:SINKS[:RECENT]], tova:BUDGET, "
+        "knorm:BUDGET[:SINKS] or snapkv:BUDGET[:WINDOW[:POOL]]", s);
   {
     size_t L = strlen(f[1]);
     char *end;
@@ -195,21 +209,47 @@ static void parse_evict(const char *s, evict_spec *e) {
         die("--evict: '%s': BUDGET must be a positive token count or a percentage", s);
     }
   }
+  if (e->scorer == SCORER_SNAPKV) {
+    e->window = n >= 3 ? parse_int("--evict snapkv WINDOW", f[2], 1, 4096) : 32;
+    e->pool = n >= 4 ? parse_int("--evict snapkv POOL", f[3], 1, 255) : 7;
+    if (e->pool % 2 == 0) die("--evict: '%s': POOL must be odd (a window centred on each token)", s);
+    return;
+  }
   if (n >= 3) e->sinks = parse_int("--evict SINKS", f[2], 0, 1000000000);
   if (n >= 4) e->recent = parse_int("--evict RECENT", f[3], 0, 1000000000);
 }
 
-/* The policy for a window of n tokens (percentages resolve against n). */
-static kva_evict resolve_evict(const evict_spec *e, long n) {
+static llm_model model; /* the one model a run loads */
+
+/* The policy for a window of n tokens (percentages resolve against n). A scorer's state lives in
+   st (the kept queries; SnapKV's compression budget): NULL where no scorer applies (--serve);
+   compress: the mode prefills a prompt and then compresses it (SnapKV's place). */
+static kva_evict resolve_evict(const evict_spec *e, long n, llm_state *st, int compress) {
   kva_evict k;
   long b;
   memset(&k, 0, sizeof k);
+  if (st) st->compress_budget = 0;
   if (e->kind == KVA_EVICT_NONE) return k;
   b = e->pct ? (long)floor(e->budget * (double)n / 100.0 + 0.5) : (long)e->budget;
   if (b < 1) b = 1;
   if (b > 1000000000L) b = 1000000000L;
   k.kind = e->kind;
   k.budget = (int)b;
+  if (e->scorer) {
+    int rows = e->scorer == SCORER_TOVA ? 1 : e->scorer == SCORER_SNAPKV ? e->window : 0;
+    if (!st || (e->scorer == SCORER_SNAPKV && !compress))
+      die("--evict %s: not in this mode (TOVA and Knorm: generation, chat, --ppl, --needle; SnapKV, a prompt "
+          "compression: generation and --needle)", e->text);
+    if (!llm_keep_queries(st, &model, rows, e->scorer == SCORER_SNAPKV ? e->pool : 1)) die("out of memory");
+    k.score = e->scorer == SCORER_KNORM ? kva_score_key_norm : llm_score_queries;
+    k.score_user = e->scorer == SCORER_KNORM ? NULL : st;
+    if (e->scorer == SCORER_SNAPKV) { /* nothing evicted as the prompt fills; one compression keeps its window */
+      st->compress_budget = (int)b;
+      k.budget = 1000000000;
+      k.n_recent = e->window < (int)b ? e->window : (int)b;
+      return k;
+    }
+  }
   k.n_sink = e->sinks < k.budget ? e->sinks : k.budget;
   if (e->kind == KVA_EVICT_H2O) {
     int r = e->recent < 0 ? k.budget / 2 : e->recent;
@@ -515,7 +555,6 @@ static int32_t *encode_or_die(const llm_tokenizer *t, const char *text, int bos,
    shared pieces: model, cache, FP8 scales, timing report
    ====================================================================== */
 
-static llm_model model;
 static llm_tokenizer tokenizer;
 static int have_tokenizer;
 
@@ -610,7 +649,7 @@ static void generate(const options *o, config *c, int steps) {
   kva_cache *cache;
   llm_state st;
   llm_sampler smp;
-  kva_evict ev = resolve_evict(c->evict, steps);
+  kva_evict ev;
   double t0, t_prefill = 0, t_decode = 0, kva_before;
   long n_decode = 0;
   load_tokenizer(o);
@@ -634,11 +673,17 @@ static void generate(const options *o, config *c, int steps) {
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
   st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
+  ev = resolve_evict(c->evict, steps, &st, 1);
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
     die("--evict %s: not accepted (budget %d, sinks %d, recent %d)", c->evict->text, ev.budget, ev.n_sink, ev.n_recent);
   t0 = llm_now();
-  if (ev.kind != KVA_EVICT_NONE) { /* token by token so the policy acts at every step */
+  if (st.compress_budget > 0) { /* SnapKV: prefill, then compress the prompt once */
+    kva_status cs;
+    if (llm_forward(&model, &st, cache, seq, prompt, n_prompt, st.logits, 0) != KVA_OK) die("forward failed (prefill)");
+    if ((cs = kva_seq_compress(cache, seq, st.compress_budget)) != KVA_OK)
+      die("--evict %s: compressing the prompt failed: %s", c->evict->text, kva_status_str(cs));
+  } else if (ev.kind != KVA_EVICT_NONE) { /* token by token so the policy acts at every step */
     for (i = 0; i < n_prompt; i++)
       if (llm_forward(&model, &st, cache, seq, prompt + i, 1, st.logits, 0) != KVA_OK) die("forward failed");
   } else if (llm_forward(&model, &st, cache, seq, prompt, n_prompt, st.logits, 0) != KVA_OK) {
@@ -705,7 +750,7 @@ static void chat(const options *o, config *c, int steps) {
   kva_cache *cache;
   llm_state st;
   llm_sampler smp;
-  kva_evict ev = resolve_evict(c->evict, steps);
+  kva_evict ev;
   double t0 = llm_now();
   load_tokenizer(o);
   cache = make_cache(c, llm_blocks_for(&c->cache, (long)steps + 1), 2);
@@ -713,6 +758,7 @@ static void chat(const options *o, config *c, int steps) {
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
   st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
+  ev = resolve_evict(c->evict, steps, &st, 0);
   if (!llm_sampler_init(&smp, model.c.vocab_size, o->temperature, o->topp, o->seed)) die("out of memory");
   if (kva_seq_new(cache, &seq) != KVA_OK) die("cannot start a sequence");
   if (ev.kind != KVA_EVICT_NONE && kva_seq_set_evict(cache, seq, &ev) != KVA_OK)
@@ -815,7 +861,7 @@ static void perplexity(const options *o, config *cfg, int n_cfg, const int32_t *
     st.t_kva = 0;
     for (w = 0; w < n_win; w++) {
       int start = w * W, len = n - start < W ? n - start : W;
-      kva_evict ev = resolve_evict(c->evict, len);
+      kva_evict ev = resolve_evict(c->evict, len, &st, 0);
       kva_status s = llm_window_nll(&model, &st, cache, &ev, tok + start, len, start + len < n ? tok[start + len] : -1,
                                     rows, &sum, &count);
       if (s != KVA_OK) die("--ppl (%s): window %d failed: %s", c->name, w, kva_status_str(s));
@@ -844,10 +890,11 @@ static void dump_logits(const options *o, config *c, const int32_t *tok, int n) 
   int rows = o->chunk && o->chunk < n ? o->chunk : n, seq, done = 0, t, v, V = model.c.vocab_size;
   kva_cache *cache;
   llm_state st;
-  kva_evict ev = resolve_evict(c->evict, n);
+  kva_evict ev;
   fp8_scales(o, c, o->threads);
   cache = make_cache(c, llm_blocks_for(&c->cache, n), 2);
   if (!llm_state_init(&st, &model, rows, o->threads)) die("out of memory (%d rows of logits)", rows);
+  ev = resolve_evict(c->evict, n, &st, 0);
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
   st.select_budget = o->select_budget, st.select_sink = o->select_sink, st.select_recent = o->select_recent;
@@ -918,7 +965,7 @@ static void serve(const options *o, config *c, int steps) {
   kva_cache *cache;
   llm_state st;
   kva_cache_stats cs;
-  kva_evict ev = resolve_evict(c->evict, steps);
+  kva_evict ev = resolve_evict(c->evict, steps, NULL, 0);
   double t0;
   load_tokenizer(o);
   /* requests: one per non-empty line; the forced prompt pieces are the start of each text */
@@ -1208,7 +1255,7 @@ static void needle_mode(const options *o, config *cfg, int n_cfg, const needle_s
     cache = make_cache(c, llm_blocks_for(&c->cache, model.c.seq_len), 2);
     for (i = 0; i < set->n; i++) {
       const needle_case *k = &set->cases[i];
-      kva_evict ev = resolve_evict(c->evict, k->n);
+      kva_evict ev = resolve_evict(c->evict, k->n, &st, 1);
       int ok, d, x;
       char got[128];
       kva_status s = needle_run(&model, &st, &tokenizer, cache, &ev, k, &ok, got, sizeof got);

@@ -959,6 +959,12 @@ typedef struct {
   int int_scores;      /* kva_attn.int_scores of the attention calls (integer scores over INT8 / INT4 keys) */
   int int_values;      /* kva_attn.int_values of the attention calls (integer value products over INT8 / INT4 values) */
   int select_budget, select_sink, select_recent; /* kva_attn's block selection (one sequence at a time) */
+  /* the newest queries of one sequence, per layer (after RoPE), for an eviction scorer that judges by
+     them (llm_score_queries: TOVA with 1, SnapKV's observation window with more) */
+  float *q_keep;       /* [n_layers][q_keep_max][dim], NULL: none kept */
+  int q_keep_max, q_kept, q_pool; /* rows kept at most, kept now; q_pool: kva_score_queries.pool */
+  int q_heads, q_dim;  /* the model's query heads and n_heads x head_dim */
+  int compress_budget; /* > 0: llm_prefill_compress compresses a prompt to this many tokens (kva_seq_compress) */
   float *x, *xb, *xb2; /* [max_rows][dim] residual stream and scratch */
   float *q, *att;      /* [max_rows][dim] */
   float *k, *v;        /* [max_rows][kv_dim] */
@@ -972,7 +978,7 @@ typedef struct {
 static inline void llm_state_free(llm_state *s) {
   if (!s) return;
   free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->att), free(s->k), free(s->v);
-  free(s->hb), free(s->hb2), free(s->logits), free(s->pos);
+  free(s->hb), free(s->hb2), free(s->logits), free(s->pos), free(s->q_keep);
   memset(s, 0, sizeof *s);
 }
 
@@ -999,6 +1005,36 @@ static inline int llm_state_init(llm_state *s, const llm_model *m, int max_rows,
     return 0;
   }
   return 1;
+}
+
+/* Keep the newest `rows` queries of each layer (0: none) for llm_score_queries. */
+static inline int llm_keep_queries(llm_state *s, const llm_model *m, int rows, int pool) {
+  free(s->q_keep);
+  s->q_keep = NULL;
+  s->q_keep_max = s->q_kept = 0;
+  s->q_pool = pool;
+  if (rows <= 0) return 1;
+  s->q_keep = (float *)malloc((size_t)m->c.n_layers * (size_t)rows * (size_t)m->c.dim * sizeof(float));
+  if (!s->q_keep) return 0;
+  s->q_keep_max = rows;
+  s->q_heads = m->c.n_heads;
+  s->q_dim = m->c.dim;
+  return 1;
+}
+
+/* A kva_score_fn (user: the llm_state): the attention the kept queries pay each held token
+   (kva_score_attention over them; the queries sit at the newest held positions). */
+static inline kva_status llm_score_queries(void *user, const kva_score_view *view, float *scores) {
+  const llm_state *s = (const llm_state *)user;
+  kva_score_queries sq;
+  if (!s || !s->q_keep || s->q_kept < 1) return KVA_ERR_ARG;
+  memset(&sq, 0, sizeof sq);
+  sq.q = s->q_keep;
+  sq.n_q = s->q_kept;
+  sq.n_heads = s->q_heads;
+  sq.pool = s->q_pool;
+  sq.layer_stride = (size_t)s->q_keep_max * (size_t)s->q_dim;
+  return kva_score_attention(&sq, view, scores);
 }
 
 static inline void llm__attn_shape(const llm_model *m, const llm_state *s, kva_attn *a) {
@@ -1070,6 +1106,13 @@ static inline kva_status llm_forward_rows(const llm_model *m, llm_state *s, kva_
     t0 = llm_now();
     kva_rope_apply(&rope, s->q, n, p->n_heads, p->head_dim, s->pos);
     kva_rope_apply(&rope, s->k, n, p->n_kv_heads, p->head_dim, s->pos);
+    if (s->q_keep && n_seqs == 1) { /* the newest q_keep_max queries of this layer, oldest first */
+      float *kept = s->q_keep + (size_t)l * (size_t)s->q_keep_max * (size_t)D;
+      int take = n < s->q_keep_max ? n : s->q_keep_max, stay = s->q_kept + take > s->q_keep_max ? s->q_keep_max - take : s->q_kept;
+      memmove(kept, kept + (size_t)(s->q_kept - stay) * D, (size_t)stay * D * sizeof(float));
+      memcpy(kept + (size_t)stay * D, s->q + (size_t)(n - take) * D, (size_t)take * D * sizeof(float));
+      if (l == p->n_layers - 1) s->q_kept = stay + take;
+    }
     for (i = 0, r = 0; i < n_seqs && st == KVA_OK; r += n_q[i], i++)
       st = kva_store(c, seqs[i], l, s->k + (size_t)r * KV, s->v + (size_t)r * KV, n_q[i]);
     if (st == KVA_OK) {

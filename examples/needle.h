@@ -410,7 +410,10 @@ static inline kva_status needle_run(const llm_model *m, llm_state *s, const llm_
   if ((st = kva_seq_new(c, &seq)) != KVA_OK) return st;
   if (evict) st = kva_seq_set_evict(c, seq, ev);
   if (st == KVA_OK) {
-    if (evict)
+    if (evict && s->compress_budget > 0) { /* prefill, then compress the prompt once (SnapKV) */
+      st = llm_forward(m, s, c, seq, k->tok, k->n, s->logits, 0);
+      if (st == KVA_OK) st = kva_seq_compress(c, seq, s->compress_budget);
+    } else if (evict)
       for (i = 0; i < k->n && st == KVA_OK; i++)
         st = llm_forward(m, s, c, seq, k->tok + i, 1, i == k->n - 1 ? s->logits : NULL, 0);
     else
