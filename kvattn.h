@@ -431,7 +431,7 @@ typedef struct {
   int n;                  /* tokens held */
   int keep;               /* how many of them stay: the protected ones and the highest scores */
   int head_dim, v_dim;
-  const int32_t *pos;     /* [n] positions, ascending */
+  const int32_t *pos;     /* [n] positions, ascending (token i is the i-th oldest held) */
   const float *k;         /* [n][head_dim] the keys as kva_seq_read returns them */
   const float *v;         /* [n][v_dim] the values, NULL in a KVA_CACHE_LATENT cache */
   const float *attn_sum;  /* [n] attention accumulated while the policy had accumulate = 1, else NULL */
@@ -5391,6 +5391,11 @@ static int kva__ranked_cmp(const void *a, const void *b) {
   if (x->score != y->score) return x->score < y->score ? -1 : 1;
   return (x->pos > y->pos) - (x->pos < y->pos);
 }
+/* position order (the view's: compaction leaves slots out of order) */
+static int kva__ranked_pos_cmp(const void *a, const void *b) {
+  const kva__ranked *x = (const kva__ranked *)a, *y = (const kva__ranked *)b;
+  return (x->pos > y->pos) - (x->pos < y->pos);
+}
 static inline void kva__rotate_row(float *x, int n);
 static inline const char *kva__score_why(kva_status st) {
   return st == KVA_ERR_NOMEM ? "no memory for the scorer's rows" : "the eviction scorer refused or wrote a NaN score";
@@ -5425,21 +5430,29 @@ static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int
     for (g = 0; g < c->G; g++) {
       kva_score_view view;
       kva_status st;
-      int m = 0, slot;
+      int m = 0, slot, i;
       const float fk = c->k_fp8[(size_t)l * (size_t)c->G + (size_t)g], fv = c->v_fp8[(size_t)l * (size_t)c->G + (size_t)g];
       for (slot = 0; slot < s->len; slot++) {
         int in_block;
         int32_t b = kva__slot_block(c, s, l, slot, &in_block);
-        float *kr = k + (size_t)slot * D;
+        ranked[slot].pos = *kva__pos_ptr(c, l, b, g, in_block), ranked[slot].slot = slot;
+      }
+      qsort(ranked, n, sizeof ranked[0], kva__ranked_pos_cmp);
+      for (i = 0; i < s->len; i++) { /* the view: token i is the i-th oldest held */
+        int in_block;
+        int32_t b;
+        float *kr = k + (size_t)i * D;
+        slot = ranked[i].slot;
+        b = kva__slot_block(c, s, l, slot, &in_block);
         kva__load_row(c->kt[l], kr, kva__k_ptr(c, l, b, g, in_block), c->D, fk);
         if (c->rotate & KVA_ROTATE_K) kva__rotate_row(kr, c->D); /* back to the original basis */
         if (DV) {
-          float *vr = v + (size_t)slot * DV;
+          float *vr = v + (size_t)i * DV;
           kva__load_row(c->vt[l], vr, kva__v_ptr(c, l, b, g, in_block), c->DV, fv);
           if (c->rotate & KVA_ROTATE_V) kva__rotate_row(vr, c->DV);
         }
-        pos[slot] = *kva__pos_ptr(c, l, b, g, in_block);
-        attn[slot] = attn_known ? *kva__score_ptr(c, l, b, g, in_block) : 0.0f;
+        pos[i] = ranked[i].pos;
+        attn[i] = attn_known ? *kva__score_ptr(c, l, b, g, in_block) : 0.0f;
       }
       memset(&view, 0, sizeof view);
       view.seq = seq, view.layer = l, view.kv_head = g;
@@ -5453,12 +5466,13 @@ static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int
         kva__scored_free(c, out);
         return st > KVA_OK && st <= KVA_ERR_STEP ? st : KVA_ERR_ARG;
       }
-      for (slot = 0; slot < s->len; slot++) {
-        if (scores[slot] != scores[slot]) {
+      for (i = 0; i < s->len; i++) { /* (in place: entry m <= i is rewritten after entry i is read) */
+        if (scores[i] != scores[i]) {
           kva__scored_free(c, out);
           return KVA_ERR_ARG;
         }
-        if (kva__evictable(c, s, e, l, g, slot)) ranked[m].score = scores[slot], ranked[m].pos = pos[slot], ranked[m++].slot = slot;
+        slot = ranked[i].slot;
+        if (kva__evictable(c, s, e, l, g, slot)) ranked[m].score = scores[i], ranked[m].pos = pos[i], ranked[m++].slot = slot;
       }
       KVATTN_ASSERT(m >= count); /* (kva__evict_count: the fewest evictable over all heads) */
       qsort(ranked, (size_t)m, sizeof ranked[0], kva__ranked_cmp);
