@@ -5659,17 +5659,17 @@ KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, f
     if (!Q->q_pos && n - Q->n_q + t < 0) continue; /* fewer keys held than queries: the first see none */
     for (h = view->kv_head * R; h < view->kv_head * R + R; h++) {
       const float *q = Q->q + (size_t)view->layer * per_layer + ((size_t)t * (size_t)Q->n_heads + (size_t)h) * (size_t)view->head_dim;
-      double mx = -INFINITY, sum = 0.0, *e = raw + n;
+      double mx = -HUGE_VAL, sum = 0.0, *e = raw + n;
       for (j = 0; j < n; j++) {
         const float *k = view->k + (size_t)j * (size_t)view->head_dim;
         double x = 0.0;
-        if (view->pos[j] > qp) { e[j] = -INFINITY; continue; }
+        if (view->pos[j] > qp) { e[j] = -HUGE_VAL; continue; }
         for (d = 0; d < view->head_dim; d++) x += (double)q[d] * (double)k[d];
         e[j] = scale * x;
         if (e[j] > mx) mx = e[j];
       }
-      if (mx == -INFINITY) continue;
-      for (j = 0; j < n; j++) sum += e[j] = e[j] == -INFINITY ? 0.0 : exp(e[j] - mx);
+      if (mx == -HUGE_VAL) continue;
+      for (j = 0; j < n; j++) sum += e[j] = e[j] == -HUGE_VAL ? 0.0 : exp(e[j] - mx);
       for (j = 0; j < n; j++) raw[j] += e[j] / sum;
     }
   }
