@@ -1231,10 +1231,12 @@ static int qm_rows(qm_run *R) {
         continue;
       }
       rn(r, C_TOKENS, (double)q->n_nll);
-      rn(r, C_LOSS, loss);
-      rn(r, C_PPL, exp(loss));
-      rn(r, C_DLOSS, loss - ref_loss);
-      rn(r, C_KL, q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1));
+      if (q->n_nll) { /* (SnapKV's rows have none) */
+        rn(r, C_LOSS, loss);
+        rn(r, C_PPL, exp(loss));
+        rn(r, C_DLOSS, loss - ref_loss);
+        rn(r, C_KL, q->kl[0] / (double)(q->n_kl[0] ? q->n_kl[0] : 1));
+      }
       if (q->n_kl[1]) rn(r, C_KLQ1, q->kl[1] / (double)q->n_kl[1]);
       if (q->n_kl[2]) rn(r, C_KLQ4, q->kl[2] / (double)q->n_kl[2]);
       for (d = 0; d < 3; d++)
@@ -1245,7 +1247,7 @@ static int qm_rows(qm_run *R) {
         rn(r, C_KVASHARE, q->t_kva / q->t_dec);
       }
       /* checks */
-      if (!isfinite(loss)) snprintf(chk, sizeof chk, "FAIL loss is not finite");
+      if (!isfinite(loss) && q->scorer != QS_SNAPKV) snprintf(chk, sizeof chk, "FAIL loss is not finite");
       else if (q->held_bad) snprintf(chk, sizeof chk, "FAIL %s", q->msg);
       else if (q->pk_n[0] + q->pk_n[1] + q->pk_n[2] != R->n_cases || q->pk_ok[0] > q->pk_n[0] ||
                q->pk_ok[1] > q->pk_n[1] || q->pk_ok[2] > q->pk_n[2])
