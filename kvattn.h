@@ -424,7 +424,7 @@ typedef struct {
 typedef enum { KVA_EVICT_NONE = 0, KVA_EVICT_WINDOW, KVA_EVICT_H2O, KVA_EVICT_SCORE } kva_evict_kind;
 
 /* What an eviction scorer (kva_evict.score) sees: one layer and KV head of a
-   sequence, its held tokens in slot order. Valid during the call only. */
+   sequence, its held tokens oldest first. Valid during the call only. */
 typedef struct {
   int seq, layer, kv_head;
   int n_layers, n_kv_heads;

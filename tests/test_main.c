@@ -39,7 +39,7 @@ const char *kt_test_name;
   X(tree) X(seqio)     \
   X(groups)            \
   X(rotate) X(int4)   \
-  X(iscores) X(ivalues) X(select) X(errors) X(seqmem)
+  X(iscores) X(ivalues) X(select) X(scorers) X(errors) X(seqmem)
 #endif
 
 #define KT_DECLARE(name) void test_##name(void);
