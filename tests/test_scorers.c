@@ -592,6 +592,24 @@ static float sc_table_value(kt_rng *r) {
   return k < 8 ? vals[k] : kt_uniform(r, -2.0f, 2.0f);
 }
 
+/* A table scorer's user over tp positions per layer and KV head, the table drawn from sc_table_value. */
+static void sc_table_user(sc_user *u, float *tab, int L, int G, int D, int Dv, int tp, kt_rng *r) {
+  int i;
+  for (i = 0; i < L * G * tp; i++) tab[i] = sc_table_value(r);
+  sc_user_init(u, SC_TABLE, L, G, D, Dv, 0);
+  u->tab = tab, u->tab_p = tp;
+}
+
+/* A new sequence holding n appended and stored tokens (random rows); -1 if that failed. */
+static int sc_seq_stored(kva_cache *c, int L, int G, int D, int Dv, int n, kt_rng *r) {
+  int seq = -1;
+  KT_STATUS(kva_seq_new(c, &seq), KVA_OK);
+  if (seq < 0) return -1;
+  KT_STATUS(kva_seq_append(c, seq, n), KVA_OK);
+  sc_store(c, seq, L, G, D, Dv, n, r);
+  return seq;
+}
+
 /* The newest token's attention (n_q 1, grp query heads per KV head) in every layer against fp64 over the rows
    read back (every held key is at or before the query). */
 static void sc_attn_check(const sc_run *x, int grp, kt_rng *r) {
@@ -686,9 +704,7 @@ static void sc_directed_ties(void) {
   kt_seed(&r, 0xD1);
   sc_user_init(&u, SC_TABLE, 1, 1, 2, 2, 0);
   u.tab = table, u.tab_p = 10;
-  KT_STATUS(kva_seq_new(c, &a), KVA_OK);
-  KT_STATUS(kva_seq_append(c, a, 10), KVA_OK);
-  sc_store(c, a, 1, 1, 2, 2, 10, &r);
+  a = sc_seq_stored(c, 1, 1, 2, 2, 10, &r);
   e = sc_policy(8, 1, 2, &u);
   KT_STATUS(kva_seq_set_evict(c, a, &e), KVA_OK);
   for (i = 0; i < 7; i++) {
@@ -766,9 +782,7 @@ static void sc_directed_protected(void) {
   if (!c) return;
   kt_seed(&r, 0xA7);
   sc_user_init(&u, SC_KEY0, 2, 2, 4, 4, 0);
-  KT_STATUS(kva_seq_new(c, &seq), KVA_OK);
-  KT_STATUS(kva_seq_append(c, seq, 6), KVA_OK);
-  sc_store(c, seq, 2, 2, 4, 4, 6, &r);
+  seq = sc_seq_stored(c, 2, 2, 4, 4, 6, &r);
   e = sc_policy(6, 3, 3, &u);
   KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_OK);
   sc_run_init(&x, c, seq, 2, 2, 4, 4, &e, &u, "nothing evictable");
@@ -1277,16 +1291,12 @@ static void sc_paths_fork(void) {
   kt_rng r;
   sc_snap p0, c0, p1, c1;
   kva_cache *c = sc_cache(L, G, D, Dv, 4, 96, KVA_F16);
-  int par = -1, ch = -1, s, i;
+  int par = -1, ch = -1, s;
   kt_begin("scorers: a fork after a SCORE eviction keeps its own copy (and the same scorer)");
   if (!c) return;
   kt_seed(&r, 0xF0C);
-  for (i = 0; i < L * G * TP; i++) tab[i] = sc_table_value(&r);
-  sc_user_init(&u, SC_TABLE, L, G, D, Dv, 0);
-  u.tab = tab, u.tab_p = TP;
-  KT_STATUS(kva_seq_new(c, &par), KVA_OK);
-  KT_STATUS(kva_seq_append(c, par, 30), KVA_OK);
-  sc_store(c, par, L, G, D, Dv, 30, &r);
+  sc_table_user(&u, tab, L, G, D, Dv, TP, &r);
+  par = sc_seq_stored(c, L, G, D, Dv, 30, &r);
   e = sc_policy(16, 2, 3, &u);
   KT_STATUS(kva_seq_set_evict(c, par, &e), KVA_OK);
   sc_run_init(&xp, c, par, L, G, D, Dv, &e, &u, "fork: parent");
@@ -1350,12 +1360,8 @@ static void sc_paths_prefix(void) {
   if (!c) return;
   kt_seed(&r, 0x9F);
   for (i = 0; i < 40; i++) toks[i] = 7 * i + 3;
-  for (i = 0; i < L * G * TP; i++) tab[i] = sc_table_value(&r);
-  sc_user_init(&u, SC_TABLE, L, G, D, D, 0);
-  u.tab = tab, u.tab_p = TP;
-  KT_STATUS(kva_seq_new(c, &A), KVA_OK);
-  KT_STATUS(kva_seq_append(c, A, 24), KVA_OK);
-  sc_store(c, A, L, G, D, D, 24, &r);
+  sc_table_user(&u, tab, L, G, D, D, TP, &r);
+  A = sc_seq_stored(c, L, G, D, D, 24, &r);
   KT_STATUS(kva_seq_publish(c, A, toks, 24, 9), KVA_OK);
   sc_snap_take(&a0, c, A, L, G, D, D);
   KT_STATUS(kva_seq_new_prefix(c, toks, 30, 9, &B, &reused), KVA_OK);
@@ -1406,9 +1412,7 @@ static void sc_paths_full(void) {
   for (i = 0; i < TP; i++) tab[i] = (i % 4 == 1 || i % 4 == 2) ? -1.0f - 0.01f * (float)i : (float)i;
   sc_user_init(&u, SC_TABLE, 1, 1, D, D, 0);
   u.tab = tab, u.tab_p = TP;
-  KT_STATUS(kva_seq_new(c, &A), KVA_OK);
-  KT_STATUS(kva_seq_append(c, A, 16), KVA_OK);
-  sc_store(c, A, 1, 1, D, D, 16, &r);
+  A = sc_seq_stored(c, 1, 1, D, D, 16, &r);
   KT_STATUS(kva_seq_fork(c, A, &F), KVA_OK);
   KT_STATUS(kva_seq_new(c, &hog), KVA_OK);
   KT_STATUS(kva_seq_append(c, hog, 16), KVA_OK); /* the pool's other 4 blocks */
@@ -1470,7 +1474,7 @@ static void sc_paths_nomem(void) {
   kva_cache *c = NULL;
   kt_rng r;
   sc_snap b, a;
-  int seq = -1, i;
+  int seq = -1;
   kt_begin("scorers: the scorer's copies come from alloc_fn (KVA_ERR_NOMEM changes nothing)");
   memset(&h, 0, sizeof h);
   kt_desc_init(&d, L, G, D, 4, 32, 4, KVA_F16);
@@ -1478,12 +1482,8 @@ static void sc_paths_nomem(void) {
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
   if (!c) return;
   kt_seed(&r, 0x0E);
-  for (i = 0; i < L * G * TP; i++) tab[i] = sc_table_value(&r);
-  sc_user_init(&u, SC_TABLE, L, G, D, D, 0);
-  u.tab = tab, u.tab_p = TP;
-  KT_STATUS(kva_seq_new(c, &seq), KVA_OK);
-  KT_STATUS(kva_seq_append(c, seq, 20), KVA_OK);
-  sc_store(c, seq, L, G, D, D, 20, &r);
+  sc_table_user(&u, tab, L, G, D, D, TP, &r);
+  seq = sc_seq_stored(c, L, G, D, D, 20, &r);
   e = sc_policy(12, 1, 1, &u);
   KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_OK);
   sc_snap_take(&b, c, seq, L, G, D, D);
@@ -1524,12 +1524,8 @@ static void sc_paths_export(void) {
   kt_begin("scorers: export / import of a SCORE sequence: the rows, and policy NONE");
   if (!c || !c2) return;
   kt_seed(&r, 0xE7);
-  for (i = 0; i < L * G * TP; i++) tab[i] = sc_table_value(&r);
-  sc_user_init(&u, SC_TABLE, L, G, D, Dv, 0);
-  u.tab = tab, u.tab_p = TP;
-  KT_STATUS(kva_seq_new(c, &seq), KVA_OK);
-  KT_STATUS(kva_seq_append(c, seq, 24), KVA_OK);
-  sc_store(c, seq, L, G, D, Dv, 24, &r);
+  sc_table_user(&u, tab, L, G, D, Dv, TP, &r);
+  seq = sc_seq_stored(c, L, G, D, Dv, 24, &r);
   e = sc_policy(14, 1, 2, &u);
   KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_OK);
   sc_run_init(&x, c, seq, L, G, D, Dv, &e, &u, "export");
@@ -1646,9 +1642,7 @@ static void sc_paths_latent(void) {
   if (!c) return;
   kt_seed(&r, 0x1A7);
   sc_user_init(&u, SC_ROWS, 2, 1, D, DV, 1);
-  KT_STATUS(kva_seq_new(c, &seq), KVA_OK);
-  KT_STATUS(kva_seq_append(c, seq, 14), KVA_OK);
-  sc_store(c, seq, 2, 1, D, 0, 14, &r);
+  seq = sc_seq_stored(c, 2, 1, D, 0, 14, &r);
   e = sc_policy(10, 1, 2, &u);
   KT_STATUS(kva_seq_set_evict(c, seq, &e), KVA_OK);
   sc_run_init(&x, c, seq, 2, 1, D, 0, &e, &u, "latent");
