@@ -3236,27 +3236,29 @@ static inline void kva__store_row(kva_dtype t, void *dst, const float *src, int 
   }
 }
 
-/* One stored element as the kernels read it */
-static inline float kva__stored_elem(kva_dtype t, const void *row, int i, float fp8_scale) {
+/* Elements i0 .. i0+n-1 of a stored row, dequantized: exactly what the
+   attention kernels see (the type's loop chosen once, INT8's scale read once) */
+static inline void kva__load_elems(kva_dtype t, float *dst, const void *row, int i0, int n, float fp8_scale) {
+  int i;
   switch (t) {
-    case KVA_F32: {
-      float x;
-      memcpy(&x, (const float *)row + i, sizeof x);
-      return x;
-    }
+    case KVA_F32: memcpy(dst, (const float *)row + i0, (size_t)n * sizeof(float)); break;
     case KVA_INT8: {
       const int8_t *codes = (const int8_t *)row + sizeof(float);
-      return kva__load1(KVA_INT8, codes, i) * kva__row_scale(KVA_INT8, codes, fp8_scale);
+      const float s = kva__row_scale(KVA_INT8, codes, fp8_scale);
+      for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_INT8, codes, i0 + i) * s;
+      break;
     }
-    case KVA_FP8_E4M3: return kva_e4m3_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
-    case KVA_FP8_E5M2: return kva_e5m2_to_f32(((const uint8_t *)row)[i]) * fp8_scale;
-    default: return kva__load1(t, row, i); /* F16, BF16, INT4 */
+    case KVA_FP8_E4M3: for (i = 0; i < n; i++) dst[i] = kva_e4m3_to_f32(((const uint8_t *)row)[i0 + i]) * fp8_scale; break;
+    case KVA_FP8_E5M2: for (i = 0; i < n; i++) dst[i] = kva_e5m2_to_f32(((const uint8_t *)row)[i0 + i]) * fp8_scale; break;
+    case KVA_F16: for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_F16, row, i0 + i); break;
+    case KVA_BF16: for (i = 0; i < n; i++) dst[i] = kva__load1(KVA_BF16, row, i0 + i); break;
+    case KVA_INT4: for (i = 0; i < n; i++) dst[i] = kva__load1_i4(row, i0 + i); break;
+    default: KVATTN_ASSERT(0); break;
   }
 }
-/* Dequantize one stored row: exactly what the attention kernels see. */
+/* Dequantize one stored row */
 static inline void kva__load_row(kva_dtype t, float *dst, const void *src, int n, float fp8_scale) {
-  int i;
-  for (i = 0; i < n; i++) dst[i] = kva__stored_elem(t, src, i, fp8_scale);
+  kva__load_elems(t, dst, src, 0, n, fp8_scale);
 }
 
 /* ======================================================================
@@ -4803,6 +4805,7 @@ static inline void kva__bounds_add(kva_cache *c, int l, int32_t b, int g, int sl
   const void *row = kva__k_ptr(c, l, b, g, slot);
   const kva_dtype t = c->kt[l];
   const float fs = c->k_fp8[(size_t)l * (size_t)c->G + (size_t)g];
+  float x[64]; /* the row read back a chunk at a time */
   int i;
   for (i = 0; i < c->D; i++) {
     uint16_t down, up;
@@ -4811,10 +4814,10 @@ static inline void kva__bounds_add(kva_cache *c, int l, int32_t b, int g, int sl
       if ((down & 0x7C00u) == 0x7C00u && (down & 0x03FFu)) continue;
       up = down;
     } else {
-      float x = kva__stored_elem(t, row, i, fs);
-      if (x != x) continue;
-      down = kva__f16_floor((double)x);
-      up = kva__f16_ceil((double)x);
+      if (i % 64 == 0) kva__load_elems(t, x, row, i, c->D - i < 64 ? c->D - i : 64, fs);
+      if (x[i % 64] != x[i % 64]) continue;
+      down = kva__f16_floor((double)x[i % 64]);
+      up = kva__f16_ceil((double)x[i % 64]);
     }
     if (kva__f16_order(down) < kva__f16_order(lo[i])) lo[i] = down;
     if (kva__f16_order(up) > kva__f16_order(hi[i])) hi[i] = up;
@@ -5280,15 +5283,15 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
   for (l = 0; l < c->n_layers; l++)
     for (g = 0; g < c->G; g++) {
       int nv = 0, src = new_len;
-      /* pick victims one by one: count is small on decode steps; a chunk's selection is O(count * len) */
-      for (k = 0; k < count; k++) {
-        int best = -1;
-        if (chosen) { /* a scorer's ranking (kva__score_victims) */
-          best = chosen[((size_t)l * (size_t)c->G + (size_t)g) * (size_t)count + (size_t)k];
-          c->victim_flag[best] = 1;
-          c->victims[nv++] = best;
-          continue;
+      if (chosen) { /* a scorer's ranking (kva__score_victims) */
+        for (; nv < count; nv++) {
+          c->victims[nv] = chosen[((size_t)l * (size_t)c->G + (size_t)g) * (size_t)count + (size_t)nv];
+          c->victim_flag[c->victims[nv]] = 1;
         }
+      }
+      /* else pick victims one by one: count is small on decode steps; a chunk's selection is O(count * len) */
+      for (k = nv; k < count; k++) {
+        int best = -1;
         for (slot = 0; slot < s->len; slot++)
           if (!c->victim_flag[slot] && kva__evictable(c, s, e, l, g, slot) &&
               (best < 0 || kva__victim_before(c, s, e, l, g, slot, best)))
@@ -5643,20 +5646,25 @@ KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, f
   size_t per_layer;
   if (!Q || !view || !scores || !view->k || !view->pos || !Q->q || Q->n_q < 1 || view->n < 0 || view->n_kv_heads < 1 ||
       Q->n_heads < view->n_kv_heads || Q->n_heads % view->n_kv_heads != 0 || Q->scale < 0.0f || !(Q->scale == Q->scale) ||
-      Q->pool < 0 || (Q->pool > 1 && Q->pool % 2 == 0))
+      Q->pool < 0 || (Q->pool > 1 && Q->pool % 2 == 0) || view->layer < 0 || view->layer >= view->n_layers ||
+      view->kv_head < 0 || view->kv_head >= view->n_kv_heads || view->head_dim < 1)
     return KVA_ERR_ARG;
+  per_layer = (size_t)Q->n_q * (size_t)Q->n_heads * (size_t)view->head_dim; /* one layer's queries, packed */
+  if (Q->layer_stride && Q->layer_stride < per_layer) return KVA_ERR_ARG;  /* layers would overlap */
+  if (Q->layer_stride) per_layer = Q->layer_stride;
   n = view->n;
   if (n == 0) return KVA_OK;
   R = Q->n_heads / view->n_kv_heads;
   scale = Q->scale > 0.0f ? (double)Q->scale : 1.0 / sqrt((double)view->head_dim);
-  per_layer = Q->layer_stride ? Q->layer_stride : (size_t)Q->n_q * (size_t)Q->n_heads * (size_t)view->head_dim;
-  /* the raw sums in the scores' own memory would lose the doubles: one pass per slot instead */
+  /* the sums in double, and one query head's exponentials: 2n doubles */
   raw = (double *)KVATTN_MALLOC((size_t)n * 2 * sizeof(double));
   if (!raw) return KVA_ERR_NOMEM;
   for (j = 0; j < n; j++) raw[j] = 0.0;
   for (t = 0; t < Q->n_q; t++) {
-    int32_t qp = Q->q_pos ? Q->q_pos[t] : view->pos[n - Q->n_q + t < 0 ? 0 : n - Q->n_q + t];
-    if (!Q->q_pos && n - Q->n_q + t < 0) continue; /* fewer keys held than queries: the first see none */
+    const int at = n - Q->n_q + t; /* without q_pos: the position of the at-th oldest held token */
+    int32_t qp;
+    if (!Q->q_pos && at < 0) continue; /* fewer keys held than queries: the first see none */
+    qp = Q->q_pos ? Q->q_pos[t] : view->pos[at];
     for (h = view->kv_head * R; h < view->kv_head * R + R; h++) {
       const float *q = Q->q + (size_t)view->layer * per_layer + ((size_t)t * (size_t)Q->n_heads + (size_t)h) * (size_t)view->head_dim;
       double mx = -HUGE_VAL, sum = 0.0, *e = raw + n;
@@ -5706,10 +5714,11 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
   for (j = 0; j < c->n_spans; j++) span_avail[j] = kva__span_avail(&c->spans[j]);
   for (i = 0; i < n_seqs; i++) {
     kva__append_plan pl;
+    const kva__seq *s = kva__seq_get(c, seqs[i]);
     int short_of_blocks = 0;
     if (n_tokens[i] == 0) continue;
-    kva__plan_append(c, kva__seq_get(c, seqs[i]), n_tokens[i], &kva__seq_get(c, seqs[i])->evict_next, &pl);
-    if (pl.n_evict > 0 && kva__seq_get(c, seqs[i])->evict_next.kind == KVA_EVICT_SCORE)
+    kva__plan_append(c, s, n_tokens[i], &s->evict_next, &pl);
+    if (pl.n_evict > 0 && s->evict_next.kind == KVA_EVICT_SCORE)
       return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                          "a scorer may refuse: append a sequence that evicts by KVA_EVICT_SCORE with kva_seq_append");
     for (j = 0; j < c->n_spans; j++) {
@@ -6612,17 +6621,15 @@ static inline const char *kva__select_seq_rule(const kva_cache *c, const kva__se
     return "block selection does not combine with tree attention or accumulated attention (H2O, accumulate)";
   return NULL;
 }
-/* Can a query at position p see any of the keys at positions [first, end)
-   by the window, its sinks and the chunk? (kva__visible over a range) */
-static inline int kva__range_seen(const kva__attn_params *P, int64_t p, int64_t first, int64_t end) {
+/* Can a query at position p see any of the keys at positions [first, end)?
+   Within p's chunk, one query's range is a tile's: exact. */
+static inline int kva__range_seen(const kva__attn_params *P, int32_t p, int64_t first, int64_t end) {
   if (P->chunk > 0) {
-    int64_t chunk_first = kva__chunk_of(P, (int32_t)p) * P->chunk;
+    int64_t chunk_first = kva__chunk_of(P, p) * P->chunk;
     if (first < chunk_first) first = chunk_first;
     if (end > chunk_first + P->chunk) end = chunk_first + P->chunk;
-    if (first >= end) return 0;
   }
-  if (P->window <= 0 || first < P->n_sink) return 1;
-  return first < p + P->window && end - 1 > p - P->window;
+  return first < end && !kva__tile_none_visible(P, p, p, (int32_t)first, (int32_t)(end - 1));
 }
 /* Does block a (bound ba) rank before block b (bound bb)? */
 static inline int kva__select_before(float ba, int32_t a, float bb, int32_t b) { return ba > bb || (ba == bb && a < b); }
@@ -6669,13 +6676,6 @@ static inline int kva__select_blocks(const kva__kv_view *w, int n, int32_t qpos,
     seen += held;
     if (i < sink_end || i >= recent_begin) forced += held;
     else candidates += held > 0;
-    if (!masked) { /* every block seen: the rest in closed form */
-      seen = n;
-      forced = ((long)sink_end * bs < n ? (long)sink_end * bs : n) +
-               (recent_begin < nb ? n - (long)recent_begin * bs : 0);
-      candidates = recent_begin - sink_end;
-      break;
-    }
   }
   if (seen <= P->select_budget) { /* all of them */
     for (i = 0; i < nb; i++)

@@ -1158,9 +1158,13 @@ static void sc_builtin_args(void) {
   sq.pool = 1;
   KT_STATUS(kva_score_attention(&sq, &vw, sc), KVA_OK);
   sq.pool = 0;
-  for (which = 0; which < 9; which++) {
+  sq.layer_stride = (size_t)NQ * H * D; /* packed, stated */
+  KT_STATUS(kva_score_attention(&sq, &vw, sc), KVA_OK);
+  sq.layer_stride = 0;
+  for (which = 0; which < 10; which++) {
     bad = sq;
     switch (which) {
+    case 9: bad.layer_stride = (size_t)NQ * H * D - 1; break; /* the layers would overlap */
     case 0: bad.q = NULL; break;
     case 1: bad.n_q = 0; break;
     case 2: bad.n_q = -1; break;
@@ -1174,6 +1178,16 @@ static void sc_builtin_args(void) {
     kt_fill_sentinel(sc, N);
     KT_CHECK(kva_score_attention(&bad, &vw, sc) == KVA_ERR_ARG, "bad user data case %d: not KVA_ERR_ARG", which);
     KT_CHECK(kt_all_sentinel(sc, N), "bad user data case %d: scores written", which);
+  }
+  for (which = 0; which < 4; which++) { /* a view out of its own ranges */
+    kva_score_view bv = vw;
+    if (which == 0) bv.layer = -1;
+    else if (which == 1) bv.layer = bv.n_layers;
+    else if (which == 2) bv.kv_head = bv.n_kv_heads;
+    else bv.head_dim = 0;
+    kt_fill_sentinel(sc, N);
+    KT_CHECK(kva_score_attention(&sq, &bv, sc) == KVA_ERR_ARG && kt_all_sentinel(sc, N),
+             "a view out of range (case %d): not KVA_ERR_ARG with scores untouched", which);
   }
   { /* as a policy: compress returns the scorer's KVA_ERR_ARG, nothing changes */
     kva_cache *c = sc_cache(L, G, D, D, 4, 16, KVA_F32);
