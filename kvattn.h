@@ -368,6 +368,10 @@ typedef struct {
   int block_bounds;               /* 0 => none; 1 => per block, layer and KV head the channel-wise minimum
                                      and maximum of the stored keys (F16, rounded outward), which
                                      kva_attn.select_budget ranks blocks by */
+  kva_dtype demote_dtype;         /* DEFAULT => no demoted pool; else F32, F16, BF16, INT8 or INT4: the type
+                                     of the second pool, where eviction with kva_evict.demote_dtype moves
+                                     tokens instead of deleting them (KV caches without layer groups) */
+  int demote_blocks;              /* the demoted pool's blocks (of block_size tokens); 0 => n_blocks */
   int n_groups;                   /* 0 => one FULL group; else groups[n_groups], at most KVA_MAX_GROUPS */
   const kva_layer_group *groups;
   const int *layer_group;         /* NULL => every layer in group 0; else [n_layers] group indices.
@@ -405,12 +409,18 @@ typedef struct {
                            WINDOW / CHUNK group's blocks in use (shared blocks count once) */
   int group_blocks;     /* blocks in the WINDOW / CHUNK groups' pools, together */
   int group_blocks_used;/* of those, held by live sequences (blocks only the prefix cache holds are spare) */
+  /* the demoted pool (kva_cache_desc.demote_dtype), counted in bytes_total and bytes_used too: */
+  int demote_blocks;    /* its size */
+  int demote_blocks_used;
+  size_t demote_block_bytes; /* one block, all layers, K+V+scales, and its positions */
 } kva_cache_stats;
 
 /* One sequence's memory (kva_seq_get_stats), to report and bill a request. */
 typedef struct {
   long tokens;           /* held now (kva_seq_len) */
-  long tokens_evicted;   /* positions eviction gave up (kva_seq_pos - kva_seq_len) */
+  long tokens_evicted;   /* positions eviction deleted (kva_seq_pos - kva_seq_len - tokens_demoted) */
+  long tokens_demoted;   /* held in the demoted region (kva_seq_demoted) */
+  int demote_blocks;     /* its blocks (own, never shared), counted in bytes and bytes_own */
   int blocks;            /* blocks its tables hold, every layer group's (a block holds all its group's layers) */
   int blocks_shared;     /* of those, also held by another sequence or published in the prefix cache */
   size_t bytes;          /* block bytes of those blocks */
@@ -456,6 +466,10 @@ typedef struct {
   kva_score_fn score; /* SCORE: required */
   void *score_user;   /* SCORE: passed to score */
   int accumulate;     /* SCORE: 1 => attention accumulates per token as H2O's does (view.attn_sum) */
+  kva_dtype demote_dtype; /* DEFAULT: evicted tokens are deleted; else the cache's kva_cache_desc.demote_dtype:
+                             they move, at that precision, into the sequence's demoted region, still attended */
+  int demote_budget;  /* demoted tokens held at most (0: as many as a block table holds), the earliest
+                         demoted deleted first */
 } kva_evict;
 
 /* Built-in scorers (kva_evict.score), each a published rule: docs/API.md,
@@ -589,6 +603,9 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
                                         float *out, float *lse);
 KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
                                 int32_t *pos);
+KVA_API int kva_seq_demoted(const kva_cache *c, int seq);
+KVA_API kva_status kva_seq_read_demoted(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
+                                        int32_t *pos);
 
 /* batched attention over many sequences */
 KVA_API kva_status kva_batch_plan(kva_cache *c, const kva_attn *a, const int *seqs, const int *n_q, int n_seqs,
@@ -4234,6 +4251,10 @@ typedef struct {
   int32_t *span_table; /* [n_spans][max_table] each WINDOW / CHUNK group's blocks (its own pool's ids;
                           the group's hole where released) */
   int32_t *span_from;  /* [n_spans] blocks [sink blocks, span_from) are released in that group */
+  /* the demoted region (kva_evict.demote_dtype): a ring of dm_cap slots in the demoted pool, of which
+     dm_len are filled; the next demoted token goes to slot dm_next (over the earliest, once full) */
+  int32_t *dm_table;   /* [dm_max_table] its blocks, in the demoted pool */
+  int dm_n_blocks, dm_len, dm_next, dm_cap;
 } kva__seq;
 
 /* A WINDOW or CHUNK layer group: its own pool of blocks (ids 0 .. n_blocks-1,
@@ -4301,6 +4322,16 @@ struct kva_cache {
   int32_t *layer_span;      /* [n_layers] a layer's span, -1: FULL (the main pool) */
   int32_t *seq_span_tables; /* [max_seqs][n_spans][max_table] */
   int32_t *seq_span_from;   /* [max_seqs][n_spans] */
+  /* the demoted pool (kva_cache_desc.demote_dtype; dm_blocks 0: none), laid out as the main pool
+     with one type for every layer: dm_pool [n_layers][dm_blocks][dm_block], positions beside */
+  kva_dtype dt;
+  int dm_blocks, dm_n_free, dm_max_table;
+  size_t dm_k_row, dm_v_row, dm_v_off, dm_block; /* one layer's demoted block */
+  unsigned char *dm_pool;
+  int32_t *dm_pos;          /* [n_layers][dm_blocks][G][bs] */
+  int32_t *dm_free;         /* [dm_blocks] stack of free ids */
+  int32_t *seq_dm_tables;   /* [max_seqs][dm_max_table] */
+  float *dm_row;            /* [max(D, DV)] a row on its way from one type to the other */
   size_t block_bytes, bytes_meta, alloc_bytes; /* alloc_bytes: the footprint, as asked of the allocator */
   void *(*alloc_fn)(size_t, size_t, void *);
   void (*free_fn)(void *, size_t, void *);
@@ -4485,9 +4516,14 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
     sp->owner = (int32_t *)kva__carve(L, n + 1, sizeof(int32_t));
     sp->pub_block = (int32_t *)kva__carve(L, blocks, sizeof(int32_t));
   }
+  c->dm_pos = (int32_t *)kva__carve(L, layers * (size_t)c->dm_blocks * (size_t)c->G * (size_t)c->bs, sizeof(int32_t));
+  c->dm_free = (int32_t *)kva__carve(L, (size_t)c->dm_blocks, sizeof(int32_t));
+  c->seq_dm_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * (size_t)c->dm_max_table, sizeof(int32_t));
+  c->dm_row = (float *)kva__carve(L, (size_t)(c->D > c->DV ? c->D : c->DV), sizeof(float));
   pool = (unsigned char *)kva__carve(L, blocks, c->block_bytes);
   for (i = 0; i < c->n_spans; i++) /* block data last: create leaves it uninitialised */
     c->span_pool_base[i] = (unsigned char *)kva__carve(L, (size_t)c->spans[i].n_blocks + 1, c->spans[i].block_bytes);
+  c->dm_pool = (unsigned char *)kva__carve(L, layers * (size_t)c->dm_blocks, c->dm_block);
   return pool;
 }
 
@@ -4510,6 +4546,10 @@ static inline size_t kva__cache_footprint(const kva_cache_desc *d, kva_cache *sh
   int i;
   shape->n_blocks = n_blocks;
   shape->max_table = table < n_blocks ? (int)table : n_blocks;
+  if (shape->dt != KVA_DTYPE_DEFAULT) {
+    shape->dm_blocks = d->demote_blocks ? d->demote_blocks : n_blocks;
+    shape->dm_max_table = table < shape->dm_blocks ? (int)table : shape->dm_blocks;
+  }
   for (i = 0; i < shape->n_spans; i++) {
     kva__span *sp = &shape->spans[i];
     long derived = (long)shape->max_seqs * kva__span_seq_blocks(sp, shape->bs);
@@ -4520,6 +4560,8 @@ static inline size_t kva__cache_footprint(const kva_cache_desc *d, kva_cache *sh
   *n_buckets = 1;
   while (*n_buckets < (size_t)n_blocks) *n_buckets <<= 1;
   if (shape->block_bytes > ((size_t)-1) / 4 / (size_t)n_blocks) return (size_t)-1;
+  if (shape->dm_blocks && shape->dm_block > ((size_t)-1) / 4 / (size_t)shape->dm_blocks / (size_t)shape->n_layers)
+    return (size_t)-1;
   L.base = NULL, L.size = 0, L.overflow = 0;
   kva__cache_layout(&L, shape, *n_buckets);
   if (L.overflow || L.size > (size_t)-1 - extra) return (size_t)-1;
@@ -4593,6 +4635,13 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   KVA__DESC_RULE(d, d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V), KVA_ERR_ARG);
   KVA__DESC_RULE(d, d->rotate && d->kind == KVA_CACHE_LATENT, KVA_ERR_UNSUPPORTED); /* V is a prefix of K there */
   KVA__DESC_RULE(d, d->block_bounds < 0 || d->block_bounds > 1, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, !kva__dtype_valid(d->demote_dtype) || d->demote_blocks < 0 || d->demote_blocks > INT32_MAX / 4,
+                 KVA_ERR_ARG);
+  /* demoted rows carry their own scales (INT8, INT4) or need none; FP8 would need a scale per row */
+  KVA__DESC_RULE(d, kva__is_fp8(d->demote_dtype), KVA_ERR_UNSUPPORTED);
+  KVA__DESC_RULE(d, d->demote_dtype && (d->kind == KVA_CACHE_LATENT || d->n_groups > 0 ||
+                                        d->evict_support == KVA_EVICT_SUPPORT_NONE),
+                 KVA_ERR_UNSUPPORTED);
   memset(shape, 0, sizeof *shape);
   shape->kind = (kva_cache_kind)d->kind;
   shape->n_layers = d->n_layers;
@@ -4604,6 +4653,12 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   shape->evict_support = d->evict_support;
   shape->rotate = d->rotate;
   shape->bounds = d->block_bounds;
+  shape->dt = d->demote_dtype;
+  if (shape->dt != KVA_DTYPE_DEFAULT) {
+    kva__layer_bytes b = kva__layer_geometry(KVA_CACHE_KV, shape->dt, shape->dt, shape->D, shape->DV, shape->G,
+                                             shape->bs);
+    shape->dm_k_row = b.k_row, shape->dm_v_row = b.v_row, shape->dm_v_off = b.v_off, shape->dm_block = b.block;
+  }
   KVA__DESC_RULE(d, shape->bs > (1 << 20) || shape->max_seqs > (1 << 20), KVA_ERR_ARG);
   if (kva__desc_spans(d, shape) != KVA_OK) return KVA_ERR_ARG; /* it said why */
   for (l = 0; l < d->n_layers; l++) { /* validate the types; the bytes of one block over all layers */
@@ -4727,7 +4782,10 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
     c->seqs[i].stored = c->seq_stored + (size_t)i * (size_t)c->n_layers * 2;
     c->seqs[i].span_table = c->seq_span_tables + (size_t)i * (size_t)c->n_spans * (size_t)c->max_table;
     c->seqs[i].span_from = c->seq_span_from + (size_t)i * (size_t)c->n_spans;
+    c->seqs[i].dm_table = c->seq_dm_tables + (size_t)i * (size_t)c->dm_max_table;
   }
+  for (i = 0; i < c->dm_blocks; i++) c->dm_free[i] = c->dm_blocks - 1 - i; /* taken lowest id first */
+  c->dm_n_free = c->dm_blocks;
   for (i = 0; i < c->n_blocks; i++) c->blk[i].first_child = -1;
   for (i = c->n_blocks; i < c->n_blocks + 2; i++) c->blk[i].next = c->blk[i].prev = i;
   for (i = 0; i < c->n_blocks; i++) kva__list_push_back(c, KVA__FREE_LIST(c), i);
@@ -5139,6 +5197,69 @@ static inline void kva__prefix_expire(kva_cache *c) {
   }
 }
 
+/* --- the demoted region (kva_evict.demote_dtype) ---
+   Tokens an eviction removes move, converted to the demoted type, into a
+   ring of dm_cap slots in the demoted pool; once it is full each one takes
+   the place of the token demoted longest ago. Slots hold tokens in no
+   particular order (attention reads positions beside them), so the ring
+   never moves a row. */
+static inline int kva__demotes(const kva_evict *e) {
+  return e->kind != KVA_EVICT_NONE && e->demote_dtype != KVA_DTYPE_DEFAULT;
+}
+/* The ring's size under policy e: demote_budget, or what a block table holds */
+static inline int kva__demote_cap(const kva_cache *c, const kva_evict *e) {
+  long most = (long)c->dm_max_table * c->bs;
+  return e->demote_budget > 0 && e->demote_budget < most ? e->demote_budget : (int)most;
+}
+/* Tokens the region holds after n more are demoted under e */
+static inline int kva__demoted_after(const kva_cache *c, const kva__seq *s, const kva_evict *e, long n) {
+  long cap = kva__demote_cap(c, e), after = (long)s->dm_len + n;
+  return (int)(after < cap ? after : cap);
+}
+static inline unsigned char *kva__dm_k_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->dm_pool + ((size_t)l * (size_t)c->dm_blocks + (size_t)b) * c->dm_block +
+         ((size_t)g * (size_t)c->bs + (size_t)slot) * c->dm_k_row;
+}
+static inline unsigned char *kva__dm_v_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->dm_pool + ((size_t)l * (size_t)c->dm_blocks + (size_t)b) * c->dm_block + c->dm_v_off +
+         ((size_t)g * (size_t)c->bs + (size_t)slot) * c->dm_v_row;
+}
+static inline int32_t *kva__dm_pos_ptr(const kva_cache *c, int l, int32_t b, int g, int slot) {
+  return c->dm_pos + (((size_t)l * (size_t)c->dm_blocks + (size_t)b) * (size_t)c->G + (size_t)g) * (size_t)c->bs +
+         (size_t)slot;
+}
+/* Victims [0, count) of head (l, g), in the order they go, into the ring
+   from s->dm_next on (the caller advances it once every head is done). Of
+   more victims than the ring holds only the last dm_cap would stay. */
+static inline void kva__demote_victims(kva_cache *c, const kva__seq *s, int l, int g, const int32_t *victims,
+                                       int count) {
+  const size_t at = (size_t)l * (size_t)c->G + (size_t)g;
+  int k = count > s->dm_cap ? count - s->dm_cap : 0;
+  for (; k < count; k++) {
+    int r = (int)(((long)s->dm_next + k) % s->dm_cap), ri = r % c->bs, vi;
+    int32_t rb = s->dm_table[r / c->bs], vb = kva__slot_block(c, s, l, victims[k], &vi);
+    kva__load_row(c->kt[l], c->dm_row, kva__k_ptr(c, l, vb, g, vi), c->D, c->k_fp8[at]);
+    kva__store_row(c->dt, kva__dm_k_ptr(c, l, rb, g, ri), c->dm_row, c->D, 1.0f);
+    kva__load_row(c->vt[l], c->dm_row, kva__v_ptr(c, l, vb, g, vi), c->DV, c->v_fp8[at]);
+    kva__store_row(c->dt, kva__dm_v_ptr(c, l, rb, g, ri), c->dm_row, c->DV, 1.0f);
+    *kva__dm_pos_ptr(c, l, rb, g, ri) = *kva__pos_ptr(c, l, vb, g, vi);
+  }
+}
+/* Make room in the ring for `count` demoted tokens under e (blocks planned free) */
+static inline void kva__demote_begin(kva_cache *c, kva__seq *s, const kva_evict *e, int count) {
+  int after = kva__demoted_after(c, s, e, count);
+  if (s->dm_len == 0) s->dm_next = 0, s->dm_cap = kva__demote_cap(c, e);
+  while (s->dm_n_blocks < kva__blocks_for(c, after)) s->dm_table[s->dm_n_blocks++] = c->dm_free[--c->dm_n_free];
+}
+static inline void kva__demote_end(kva__seq *s, int count) {
+  s->dm_next = (int)(((long)s->dm_next + count) % s->dm_cap);
+  s->dm_len = (long)s->dm_len + count < s->dm_cap ? s->dm_len + count : s->dm_cap;
+}
+static inline void kva__demoted_release(kva_cache *c, kva__seq *s) {
+  while (s->dm_n_blocks > 0) c->dm_free[c->dm_n_free++] = s->dm_table[--s->dm_n_blocks];
+  s->dm_len = s->dm_next = s->dm_cap = 0;
+}
+
 /* --- sequences --- */
 
 /* The record of a live sequence id, or NULL. */
@@ -5188,6 +5309,7 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
     if (s->live || s->gen >= gen_limit) continue;
     s->live = 1;
     s->len = s->pos = s->n_blocks = s->last_append = 0;
+    s->dm_n_blocks = s->dm_len = s->dm_next = s->dm_cap = 0;
     s->unstored_from = INT_MAX;
     memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
     memset(&s->evict, 0, sizeof s->evict); /* not the policy of the id this record held before */
@@ -5215,6 +5337,7 @@ KVA_API kva_status kva_seq_free(kva_cache *c, int seq) {
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   kva__spans_drop_from(c, s, 0);
   for (i = s->n_blocks - 1; i >= 0; i--) kva__block_release(c, s->table[i]); /* tail first: LRU drops tails first */
+  kva__demoted_release(c, s);
   s->live = 0;
   s->gen++;
   s->len = s->pos = s->n_blocks = s->last_append = 0;
@@ -5277,7 +5400,8 @@ static inline int kva__victim_before(const kva_cache *c, const kva__seq *s, cons
 }
 
 /* Evict `count` tokens from every head, filling the holes below the new
-   length with the survivors above it; blocks below it are private. */
+   length with the survivors above it; blocks below it are private. With
+   demotion they go to the demoted region first. */
 static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *e, int count, const int32_t *chosen) {
   int l, g, k, slot, new_len = s->len - count;
   for (l = 0; l < c->n_layers; l++)
@@ -5300,6 +5424,7 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
         c->victim_flag[best] = 1;
         c->victims[nv++] = best;
       }
+      if (kva__demotes(e)) kva__demote_victims(c, s, l, g, c->victims, nv);
       for (k = 0; k < nv; k++) {
         int hole = c->victims[k], hi, si;
         int32_t hb, sb;
@@ -5316,6 +5441,9 @@ static inline void kva__evict_apply(kva_cache *c, kva__seq *s, const kva_evict *
 
 static inline kva_status kva__evict_check(const kva_evict *e) {
   if (!e || e->rollback < 0 || e->rollback > 1 || e->accumulate < 0 || e->accumulate > 1) return KVA_ERR_ARG;
+  if (!kva__dtype_valid(e->demote_dtype) || e->demote_budget < 0 ||
+      (e->demote_dtype == KVA_DTYPE_DEFAULT && e->demote_budget != 0))
+    return KVA_ERR_ARG;
   if (e->kind != KVA_EVICT_SCORE && (e->score || e->accumulate)) return KVA_ERR_ARG;
   switch (e->kind) {
     case KVA_EVICT_NONE: return KVA_OK;
@@ -5339,6 +5467,7 @@ typedef struct {
   int n_evict, keep_blocks, private_to, fits_now, fits_table; /* fits_table: the block table's limit */
   long copies, fresh, releasable;
   long span_need[KVA_MAX_GROUPS], span_releasable[KVA_MAX_GROUPS]; /* each WINDOW / CHUNK group's */
+  int dm_take;  /* demoted blocks it takes */
 } kva__append_plan;
 
 static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, const kva_evict *e,
@@ -5358,6 +5487,10 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
   /* copies are taken before emptied blocks return to the pool */
   pl->fits_table = kva__blocks_for(c, (long)new_len + n) <= c->max_table;
   pl->fits_now = pl->copies <= avail && pl->copies + pl->fresh <= avail + pl->releasable && pl->fits_table;
+  pl->dm_take = kva__demotes(e) && pl->n_evict > 0
+                    ? kva__blocks_for(c, kva__demoted_after(c, s, e, pl->n_evict)) - s->dm_n_blocks
+                    : 0;
+  if (pl->dm_take > c->dm_n_free) pl->fits_now = 0;
   /* a group releases what the step's queries cannot see, copies a shared tail, takes new blocks
      (its sequences do not evict: new_len is s->len) */
   for (w = 0; w < c->n_spans; w++) {
@@ -5502,7 +5635,9 @@ static inline void kva__evict_commit(kva_cache *c, kva__seq *s, const kva_evict 
   if (pl->n_evict > 0) {
     kva_evict by_age = *e;
     if (zero_scores && e->kind == KVA_EVICT_H2O) by_age.kind = KVA_EVICT_WINDOW, by_age.n_recent = 0;
+    if (kva__demotes(e)) kva__demote_begin(c, s, e, pl->n_evict);
     kva__evict_apply(c, s, &by_age, pl->n_evict, victims);
+    if (kva__demotes(e)) kva__demote_end(s, pl->n_evict);
   }
   if (zero_scores)
     for (i = 0; i < pl->keep_blocks; i++) {
@@ -5528,6 +5663,14 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) 
       (e->kind != KVA_EVICT_NONE && c->evict_support == KVA_EVICT_SUPPORT_NONE))
     return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                        "the cache keeps no scores / positions for this policy (kva_cache_desc.evict_support)");
+  if (kva__demotes(e)) {
+    KVA__REFUSE_WHY(c, e->demote_dtype != c->dt, KVA_ERR_UNSUPPORTED,
+                    "e->demote_dtype is not the cache's demoted pool's type (kva_cache_desc.demote_dtype)");
+    KVA__REFUSE_WHY(c, (long)e->demote_budget > (long)c->dm_max_table * c->bs, KVA_ERR_UNSUPPORTED,
+                    "e->demote_budget exceeds what one sequence's demoted blocks can hold");
+    KVA__REFUSE_WHY(c, s->dm_len > 0 && kva__demote_cap(c, e) != s->dm_cap, KVA_ERR_UNSUPPORTED,
+                    "the sequence holds demoted tokens: a policy that demotes keeps its demote_budget");
+  }
   s->evict_next = *e;
   if (e->kind == KVA_EVICT_NONE) memset(&s->evict_next, 0, sizeof s->evict_next);
   return KVA_OK;
@@ -5699,7 +5842,7 @@ KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, f
    less than planned (an earlier copy unshares blocks), so a passing check
    means every append succeeds. */
 KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *n_tokens, int n_seqs) {
-  long avail, span_avail[KVA_MAX_GROUPS];
+  long avail, span_avail[KVA_MAX_GROUPS], dm_avail;
   int i, j;
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, n_seqs < 0 || (n_seqs > 0 && (!seqs || !n_tokens)), KVA_ERR_ARG);
@@ -5711,6 +5854,7 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
       KVA__REFUSE(c, seqs[j] == seqs[i], KVA_ERR_ARG);
   }
   avail = (long)c->n_free + c->n_cached;
+  dm_avail = c->dm_n_free;
   for (j = 0; j < c->n_spans; j++) span_avail[j] = kva__span_avail(&c->spans[j]);
   for (i = 0; i < n_seqs; i++) {
     kva__append_plan pl;
@@ -5725,6 +5869,8 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
       short_of_blocks |= pl.span_need[j] > span_avail[j] + pl.span_releasable[j];
       span_avail[j] += pl.span_releasable[j] - pl.span_need[j];
     }
+    short_of_blocks |= pl.dm_take > dm_avail;
+    dm_avail -= pl.dm_take;
     if (!pl.fits_table || pl.copies > avail || pl.copies + pl.fresh > avail + pl.releasable || short_of_blocks) {
       c->appends_failed++;
       return kva__refuse(c, KVA_ERR_FULL, __func__, "the pool has too few free or reclaimable blocks for the appends");
@@ -5743,11 +5889,13 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
 KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   kva__seq *s, *d;
   int i, w, id, gen;
-  int32_t *table, *stored, *span_table, *span_from;
+  int32_t *table, *stored, *span_table, *span_from, *dm_table;
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, !dst, KVA_ERR_ARG);
   s = kva__seq_get(c, src);
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE_WHY(c, s->dm_n_blocks > c->dm_n_free, KVA_ERR_FULL,
+                  "the demoted pool has too few free blocks for the child's copy of the demoted region");
   d = kva__seq_alloc(c, &id);
   KVA__REFUSE_WHY(c, !d, KVA_ERR_SEQ_LIMIT, "max_seqs sequences are live");
   kva__step_begin(c, s, 0); /* the newest blocks are shared now */
@@ -5756,12 +5904,24 @@ KVA_API kva_status kva_seq_fork(kva_cache *c, int src, int *dst) {
   stored = d->stored;
   span_table = d->span_table;
   span_from = d->span_from;
+  dm_table = d->dm_table;
   *d = *s;
   d->gen = gen;
   d->table = table;
   d->stored = stored;
   d->span_table = span_table;
   d->span_from = span_from;
+  d->dm_table = dm_table;
+  for (i = 0; i < s->dm_n_blocks; i++) { /* the demoted region is copied, not shared: the ring rewrites in place */
+    int32_t from = s->dm_table[i], to = c->dm_free[--c->dm_n_free];
+    int l;
+    d->dm_table[i] = to;
+    for (l = 0; l < c->n_layers; l++) {
+      memcpy(kva__dm_k_ptr(c, l, to, 0, 0), kva__dm_k_ptr(c, l, from, 0, 0), c->dm_block);
+      memcpy(kva__dm_pos_ptr(c, l, to, 0, 0), kva__dm_pos_ptr(c, l, from, 0, 0),
+             (size_t)c->G * (size_t)c->bs * sizeof(int32_t));
+    }
+  }
   memcpy(d->table, s->table, (size_t)s->n_blocks * sizeof(int32_t));
   for (i = 0; i < s->n_blocks; i++) kva__block_ref(c, s->table[i]);
   for (w = 0; w < c->n_spans; w++) {
@@ -6181,6 +6341,7 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   KVA__REFUSE(c, !size, KVA_ERR_ARG);
   s = kva__seq_get(c, seq);
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE_WHY(c, s->dm_len > 0, KVA_ERR_UNSUPPORTED, "a stream does not carry a sequence's demoted tokens");
   flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u) |
           (c->n_spans ? KVA__STREAM_SPANS : 0u) | (unsigned)c->rotate << KVA__STREAM_ROTATE_SHIFT;
   n_prefix = kva__seq_prefix_blocks(c, s) * c->bs;
@@ -6761,6 +6922,26 @@ static inline void kva__attend_selected(const kva__attn_params *P, const kva__kv
   for (it = 0; it < items; it++) kva__attend_selected_one(P, w, len, n_q, it / P->G, it % P->G, q, q_base, out, lse);
 }
 
+/* The demoted region of s in `layer` as keys (kva_evict.demote_dtype): its
+   ring's slots, each with its position, none selected or scored. */
+static inline void kva__demoted_view(const kva_cache *c, const kva__seq *s, int layer, kva__kv_view *w) {
+  memset(w, 0, sizeof *w);
+  w->paged = 1;
+  w->pos_max = (int32_t)(s->pos - 1);
+  w->kt = w->vt = c->dt;
+  w->k_code_off = w->v_code_off = kva__code_offset(c->dt);
+  w->pool = c->dm_pool + (size_t)layer * (size_t)c->dm_blocks * c->dm_block;
+  w->block_bytes = c->dm_block;
+  w->v_off = c->dm_v_off;
+  w->k_row = c->dm_k_row;
+  w->v_row = c->dm_v_row;
+  w->table = s->dm_table;
+  w->block_pos = c->dm_pos + (size_t)layer * (size_t)c->dm_blocks * (size_t)c->G * (size_t)c->bs;
+  w->block_size = c->bs;
+  w->n_kv_heads = c->G;
+}
+#define KVA__DEMOTE_STACK 4608 /* floats: a decode step's demoted rows up to n_heads x (v_dim + 2) of that */
+
 /* kva_attend_cache, and with lse non-NULL also each row's log-sum-exp [n_q][n_heads] */
 KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const kva_attn *a, const float *q, int n_q,
                                         float *out, float *lse) {
@@ -6797,13 +6978,21 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
     float scratch[KVA__STACK_SCRATCH]; /* per call: other threads may attend this cache meanwhile */
     float rq_stack[KVA__ROTATE_STACK], *rq = NULL;
     size_t rq_floats = (size_t)n_q * (size_t)P.H * (size_t)P.D;
+    /* a demoted region: its rows [n_q][H][DV] and lse, and the held rows' lse if the caller takes none */
+    float dm_stack[KVA__DEMOTE_STACK], *dm = NULL;
+    size_t rows = (size_t)n_q * (size_t)P.H, dm_floats = s->dm_len > 0 ? rows * ((size_t)P.DV + 1 + !lse) : 0;
     kva__heap from_cache;
     from_cache.alloc_fn = c->alloc_fn;
     from_cache.free_fn = c->free_fn;
     from_cache.user = c->user;
+    if (dm_floats) { /* taken first: a refusal must come before attention adds to H2O scores */
+      dm = dm_floats <= KVA__DEMOTE_STACK ? dm_stack : (float *)kva__heap_take(&from_cache, dm_floats * sizeof(float));
+      KVA__REFUSE_WHY(c, !dm, KVA_ERR_NOMEM, "no memory for the demoted region's rows");
+    }
     if (c->rotate & KVA_ROTATE_K) { /* the queries in the keys' basis, packed */
       int t;
       rq = rq_floats <= KVA__ROTATE_STACK ? rq_stack : (float *)kva__heap_take(&from_cache, rq_floats * sizeof(float));
+      if (!rq && dm != dm_stack) kva__heap_give(&from_cache, dm, dm_floats * sizeof(float));
       KVA__REFUSE(c, !rq, KVA_ERR_NOMEM);
       for (t = 0; t < n_q; t++)
         memcpy(rq + (size_t)t * (size_t)P.H * (size_t)P.D, q + (size_t)t * P.q_stride,
@@ -6812,11 +7001,35 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
       q = rq;
       P.q_stride = (size_t)P.H * (size_t)P.D;
     }
-    if (selecting)
-      kva__attend_selected(&P, &w, s->len, q, n_q, (int32_t)(s->pos - n_q), out, lse, a->n_threads);
-    else
-      kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, lse, a->n_threads, scratch,
-                      KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
+    {
+      float *held_lse = dm && !lse ? dm + rows * ((size_t)P.DV + 1) : lse;
+      if (selecting)
+        kva__attend_selected(&P, &w, s->len, q, n_q, (int32_t)(s->pos - n_q), out, held_lse, a->n_threads);
+      else
+        kva__attend_all(&P, &w, s->len, q, n_q, NULL, (int32_t)(s->pos - n_q), out, held_lse, a->n_threads, scratch,
+                        KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
+      if (dm) { /* the demoted keys by the same masks (no sink logits: they joined once), then one softmax */
+        kva__attn_params Pd = P;
+        kva__kv_view wd;
+        float *dm_lse = dm + rows * (size_t)P.DV;
+        size_t r;
+        Pd.sinks = NULL;
+        Pd.select_budget = 0;
+        Pd.o_stride = (size_t)P.H * (size_t)P.DV;
+        kva__demoted_view(c, s, layer, &wd);
+        kva__attend_all(&Pd, &wd, s->dm_len, q, n_q, NULL, (int32_t)(s->pos - n_q), dm, dm_lse, a->n_threads,
+                        scratch, KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
+        for (r = 0; r < rows; r++) {
+          float *o = out + r / (size_t)P.H * P.o_stride + r % (size_t)P.H * (size_t)P.DV;
+          const float *parts[2];
+          float lses[2];
+          parts[0] = o, parts[1] = dm + r * (size_t)P.DV;
+          lses[0] = held_lse[r], lses[1] = dm_lse[r];
+          held_lse[r] = kva__merge_row(o, parts, lses, 2, P.DV);
+        }
+        if (dm != dm_stack) kva__heap_give(&from_cache, dm, dm_floats * sizeof(float));
+      }
+    }
     if (rq && rq != rq_stack) kva__heap_give(&from_cache, rq, rq_floats * sizeof(float));
     if (c->rotate & KVA_ROTATE_V) kva__rotate_rows(out, n_q, P.H, P.DV, P.o_stride); /* back from V's basis */
   }
@@ -6961,6 +7174,8 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK, KVA_ERR_ARG);
     if (kva__selects(&P, s->len) && (why = kva__select_seq_rule(c, s, a->tree_parent != NULL)) != NULL)
       return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, why); /* as kva_attend_cache */
+    KVA__REFUSE_WHY(c, s->dm_len > 0, KVA_ERR_UNSUPPORTED,
+                    "a sequence holds demoted tokens: attend it with kva_attend_cache");
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
@@ -7205,6 +7420,40 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
     if (pos) pos[g] = c->block_pos ? *kva__pos_ptr(c, layer, b, g, in_block) : (int32_t)slot;
     if (k && (c->rotate & KVA_ROTATE_K)) kva__rotate_row(k + (size_t)g * (size_t)c->D, c->D); /* as stored */
     if (v && (c->rotate & KVA_ROTATE_V)) kva__rotate_row(v + (size_t)g * (size_t)c->DV, c->DV);
+  }
+  return KVA_OK;
+}
+
+/* Tokens in the sequence's demoted region (kva_evict.demote_dtype); -1: no such sequence. */
+KVA_API int kva_seq_demoted(const kva_cache *c, int seq) {
+  const kva__seq *s = kva__seq_get(c, seq);
+  return s ? s->dm_len : -1;
+}
+
+/* A dequantized copy of slot `slot` (0 .. kva_seq_demoted - 1, in no
+   particular order) of the demoted region, as kva_seq_read gives a held one. */
+KVA_API kva_status kva_seq_read_demoted(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
+                                        int32_t *pos) {
+  const kva__seq *s;
+  int g, in_block;
+  int32_t b;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, layer < 0 || layer >= c->n_layers || slot < 0, KVA_ERR_ARG);
+  s = kva__seq_get(c, seq);
+  if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
+  KVA__REFUSE_WHY(c, slot >= s->dm_len, KVA_ERR_ARG, "slot >= kva_seq_demoted: no demoted token there");
+  b = s->dm_table[slot / c->bs];
+  in_block = slot % c->bs;
+  for (g = 0; g < c->G; g++) {
+    if (k) {
+      kva__load_row(c->dt, k + (size_t)g * (size_t)c->D, kva__dm_k_ptr(c, layer, b, g, in_block), c->D, 1.0f);
+      if (c->rotate & KVA_ROTATE_K) kva__rotate_row(k + (size_t)g * (size_t)c->D, c->D);
+    }
+    if (v) {
+      kva__load_row(c->dt, v + (size_t)g * (size_t)c->DV, kva__dm_v_ptr(c, layer, b, g, in_block), c->DV, 1.0f);
+      if (c->rotate & KVA_ROTATE_V) kva__rotate_row(v + (size_t)g * (size_t)c->DV, c->DV);
+    }
+    if (pos) pos[g] = *kva__dm_pos_ptr(c, layer, b, g, in_block);
   }
   return KVA_OK;
 }
@@ -7569,6 +7818,11 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
    [11] stats
    ====================================================================== */
 
+/* One demoted block over all layers: rows, and the positions beside them */
+static inline size_t kva__demote_block_bytes(const kva_cache *c) {
+  return (size_t)c->n_layers * (c->dm_block + (size_t)c->G * (size_t)c->bs * sizeof(int32_t));
+}
+
 KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   int i;
   if (!st) return;
@@ -7599,6 +7853,11 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
     st->bytes_used += sp->block_bytes * (size_t)used;
     st->bytes_meta += sp->block_bytes;
   }
+  st->demote_blocks = c->dm_blocks;
+  st->demote_blocks_used = c->dm_blocks - c->dm_n_free;
+  st->demote_block_bytes = kva__demote_block_bytes(c);
+  st->bytes_total += st->demote_block_bytes * (size_t)c->dm_blocks;
+  st->bytes_used += st->demote_block_bytes * (size_t)st->demote_blocks_used;
   for (i = 0; i < c->max_seqs; i++)
     if (c->seqs[i].live) st->tokens_held += c->seqs[i].len;
 }
@@ -7626,7 +7885,9 @@ KVA_API kva_status kva_seq_get_stats(const kva_cache *c, int seq, kva_seq_stats 
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   memset(st, 0, sizeof *st);
   st->tokens = s->len;
-  st->tokens_evicted = (long)s->pos - s->len;
+  st->tokens_demoted = s->dm_len;
+  st->tokens_evicted = (long)s->pos - s->len - s->dm_len;
+  st->demote_blocks = s->dm_n_blocks;
   for (i = 0; i < s->n_blocks; i++) {
     const kva__block *b = &c->blk[s->table[i]];
     kva__seq_stats_add(st, c->block_bytes, b->ref, b->ref > 1 || b->published);
@@ -7642,8 +7903,11 @@ KVA_API kva_status kva_seq_get_stats(const kva_cache *c, int seq, kva_seq_stats 
       kva__seq_stats_add(st, sp->block_bytes, holders, sp->ref[b] > 1);
     }
   }
+  st->bytes += kva__demote_block_bytes(c) * (size_t)s->dm_n_blocks; /* its own copy */
+  st->bytes_prorated += (double)(kva__demote_block_bytes(c) * (size_t)s->dm_n_blocks);
   st->bytes_own = st->bytes - st->bytes_shared;
-  st->bytes_meta = sizeof(kva__seq) + (size_t)c->max_table * (1 + (size_t)c->n_spans) * sizeof(int32_t) +
+  st->bytes_meta = sizeof(kva__seq) + (size_t)c->dm_max_table * sizeof(int32_t) +
+                   (size_t)c->max_table * (1 + (size_t)c->n_spans) * sizeof(int32_t) +
                    (size_t)c->n_layers * 2 * sizeof(int32_t) + (size_t)c->n_spans * sizeof(int32_t);
   return KVA_OK;
 }
