@@ -19,7 +19,7 @@
 #include "examples/llm.h"
 #include "examples/needle.h"
 
-#define QM_MAXCFG 64
+#define QM_MAXCFG 128
 #define QM_QUICK_WINDOWS 2
 #define QM_QUICK_PASSKEY 1 /* cases per distance */
 #define QM_F16_KL_MAX 1e-3 /* a sanity bound: an F16 cache's KL is orders of magnitude below */
@@ -48,6 +48,7 @@ typedef struct {
   int sel;           /* 1: no eviction; block selection (kva_attn.select_budget) at pct of the context */
   kva_cache *c;
   size_t bpt;
+  size_t dm_bpt;     /* demotion rows: bytes of one demoted token (kva_cache_stats.demote_block_bytes / block) */
   double nll, kl[3]; /* sums: loss; KL over all positions, the first and the last quarter */
   long n_nll, n_kl[3];
   int pk_ok[3], pk_n[3];
@@ -764,6 +765,20 @@ static int qm_configurations(qm_run *R) {
         snprintf(q->name, sizeof q->name, what[i], R->o->budgets[j]);
       }
   }
+  { /* demotion (kva_evict.demote_dtype): each eviction row by share again, its evicted tokens kept at INT4 */
+    const int n0 = R->n_cfg;
+    for (i = 0; i < n0 && R->n_cfg < QM_MAXCFG; i++) {
+      const qm_cfg *src = &R->cf[i];
+      qm_cfg *q;
+      if (src->kind != QK_EVICT || src->sel || src->tokens > 0 || src->scorer == QS_KNORM ||
+          (src->ev.kind == KVA_EVICT_WINDOW && src->ev.n_sink > 0))
+        continue;
+      q = &R->cf[R->n_cfg++];
+      *q = *src;
+      q->co.demote_dtype = q->ev.demote_dtype = KVA_INT4;
+      snprintf(q->name, sizeof q->name, "%.40s, rest INT4", src->name);
+    }
+  }
   if (R->o->configs) { /* only the configurations asked for */
     int kept = 0;
     for (i = 0; i < R->n_cfg; i++) {
@@ -788,7 +803,12 @@ static int qm_configurations(qm_run *R) {
     q->co.n_blocks = llm_blocks_for(&q->co, R->W);
     q->co.max_seqs = 1;
     q->bpt = llm_cache_bytes_per_token(&R->md, &q->co);
-    if ((cs = llm_cache_create(&R->md, &q->co, &q->c)) != KVA_OK) {
+    if ((cs = llm_cache_create(&R->md, &q->co, &q->c)) == KVA_OK && q->co.demote_dtype != KVA_DTYPE_DEFAULT) {
+      kva_cache_stats cst;
+      kva_cache_get_stats(q->c, &cst);
+      q->dm_bpt = cst.demote_block_bytes / (size_t)(q->co.block_size > 0 ? q->co.block_size : 16);
+    }
+    if (cs != KVA_OK) {
       q->bad = 1;
       snprintf(q->msg, sizeof q->msg, "ERROR cache: %s", kva_status_str(cs));
       if (i < 0) {
@@ -1217,8 +1237,11 @@ static int qm_rows(qm_run *R) {
         rn(r, C_NSINK, q->ev.n_sink);
         if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
         if (q->ev.kind == KVA_EVICT_SCORE) rn(r, C_NRECENT, q->ev.n_recent);
-        rn(r, C_BHELD, (double)q->bpt * (q->scorer == QS_SNAPKV ? qm_budget(q, R->W)
-                                         : !q->sel && q->ev.budget < R->W ? q->ev.budget : R->W));
+        {
+          int held = q->scorer == QS_SNAPKV ? qm_budget(q, R->W) : !q->sel && q->ev.budget < R->W ? q->ev.budget : R->W;
+          /* demotion keeps the rest of the context at the demoted type's bytes */
+          rn(r, C_BHELD, (double)q->bpt * held + (double)q->dm_bpt * (R->W - held));
+        }
       } else {
         rs(r, C_POLICY, "none");
         rn(r, C_BHELD, (double)q->bpt * R->W);
@@ -1296,6 +1319,9 @@ static int qm_rows(qm_run *R) {
         }
         else if (q->kind == QK_STORE && q->co.k_dtype == KVA_F32)
           rs(r, C_NOTE, "a second run: bit-identical to the reference");
+        else if (q->kind == QK_EVICT && q->dm_bpt)
+          rs(r, C_NOTE, "the evicted kept at %s, %lu bytes per token (held %lu)", kva_dtype_name(q->co.demote_dtype),
+             (unsigned long)q->dm_bpt, (unsigned long)q->bpt);
         else if (q->kind == QK_EVICT && q->scorer == QS_SNAPKV)
           rs(r, C_NOTE, "a prompt compressed once to %d%% (needle, passkey; no streaming loss)", q->pct);
         else if (q->kind == QK_EVICT && q->sel)

@@ -24,6 +24,8 @@ typedef struct {
   double budget;   /* tokens, or a percentage when pct */
   int pct, sinks, recent; /* recent < 0: budget / 2 (H2O) */
   int scorer, window, pool; /* KVA_EVICT_SCORE: which; SnapKV's observation window and pooling */
+  kva_dtype demote;        /* --demote: the evicted tokens kept in this type (DEFAULT: deleted) */
+  int demote_budget;       /* and at most this many of them (0: no bound but the pool) */
   char text[64];
 } evict_spec;
 
@@ -43,6 +45,8 @@ typedef struct {
   const char *fp8_calib;
   int threads, block_size, chunk, max_batch, kv_blocks;
   int int_scores, int_values, rotate; /* kva_attn.int_scores, int_values; kva_cache_desc.rotate */
+  kva_dtype demote;                   /* --demote TYPE (DEFAULT: none) */
+  int demote_budget;                  /* --demote TYPE:MAX */
   int select_budget, select_sink, select_recent; /* kva_attn.select_*; the cache keeps block bounds */
   const char *ppl, *ppl_tokens, *serve, *logits_tokens, *needle;
 } options;
@@ -100,6 +104,9 @@ static void usage(FILE *f) {
           "                over POOL slots (odd, default 7); generation and --needle only\n"
           "                BUDGET is a token count or a percentage (20%%) of the window (--ppl), of the\n"
           "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n"
+          "  --demote TYPE[:MAX]   every --evict policy keeps the tokens it evicts, converted to TYPE (f32,\n"
+          "                f16, bf16, int8, int4), and still attends them; at most MAX of them (default: no\n"
+          "                bound), the earliest demoted deleted first (not with --serve)\n"
           "  --fp8-scale S[,SV]   FP8 tensor scale of K (and V); stored value = fp8(x / S) (default 1)\n"
           "  --fp8-calib FILE     FP8 scales calibrated (least squared round-trip error) on the K/V of\n"
           "                the first seq_len tokens of this text\n"
@@ -235,6 +242,8 @@ static kva_evict resolve_evict(const evict_spec *e, long n, llm_state *st, int c
   if (b > 1000000000L) b = 1000000000L;
   k.kind = e->kind;
   k.budget = (int)b;
+  k.demote_dtype = e->demote;
+  k.demote_budget = e->demote ? e->demote_budget : 0;
   if (e->scorer) {
     int rows = e->scorer == SCORER_TOVA ? 1 : e->scorer == SCORER_SNAPKV ? e->window : 0;
     if (!st || (e->scorer == SCORER_SNAPKV && !compress))
@@ -377,7 +386,16 @@ static void parse_args(int argc, char **argv, options *o) {
       else if (strcmp(v, "kv") == 0) o->rotate = KVA_ROTATE_K | KVA_ROTATE_V;
       else die("--rotate: '%s' is not none, k, v or kv", v);
     }
-    else if (strcmp(f, "--evict") == 0) {
+    else if (strcmp(f, "--demote") == 0) {
+      char buf[64], *c;
+      if (strlen(v) >= sizeof buf) die("--demote: '%s' is too long", v);
+      strcpy(buf, v);
+      c = strchr(buf, ':');
+      if (c) *c = '\0';
+      if (!parse_dtype(buf, &o->demote) || o->demote == KVA_FP8_E4M3 || o->demote == KVA_FP8_E5M2)
+        die("--demote: '%s' is not TYPE[:MAX] with TYPE f32, f16, bf16, int8 or int4", v);
+      o->demote_budget = c ? parse_int("--demote MAX", c + 1, 1, 1000000000) : 0;
+    } else if (strcmp(f, "--evict") == 0) {
       if (o->n_evict == MAX_CONFIGS) die("--evict: more than %d policies", MAX_CONFIGS);
       parse_evict(v, &o->evict[o->n_evict++]);
     } else if (strcmp(f, "--fp8-scale") == 0) {
@@ -415,6 +433,13 @@ static void parse_args(int argc, char **argv, options *o) {
   if (o->serve && o->select_budget) die("--select: --serve attends through batch plans, which do not select blocks yet");
   if (o->n_dtypes == 0) o->dtypes[o->n_dtypes++] = KVA_F32;
   if (o->n_evict == 0) parse_evict("none", &o->evict[o->n_evict++]);
+  if (o->demote) {
+    int e, any = 0;
+    if (o->serve) die("--demote: --serve attends through batch plans, which do not read demoted tokens yet");
+    for (e = 0; e < o->n_evict; e++)
+      if (o->evict[e].kind != KVA_EVICT_NONE) o->evict[e].demote = o->demote, o->evict[e].demote_budget = o->demote_budget, any = 1;
+    if (!any) die("--demote: give an --evict policy whose evicted tokens it keeps");
+  }
   if (o->layer_spec && o->n_dtypes > 1) die("--layer-dtypes and a --kv-dtype list do not combine");
 #ifndef _OPENMP
   if (o->threads > 1) fprintf(stderr, "%s: built without OpenMP: --threads %d runs on one thread\n", prog, o->threads);
@@ -475,7 +500,10 @@ static int build_configs(const options *o, const llm_model *m, config *cfg) {
         else
           snprintf(tn, sizeof tn, "k:%s/v:%s", kva_dtype_name(c->cache.k_dtype), kva_dtype_name(c->cache.v_dtype));
       }
-      if (c->evict->kind != KVA_EVICT_NONE)
+      c->cache.demote_dtype = c->evict->demote;
+      if (c->evict->kind != KVA_EVICT_NONE && c->evict->demote)
+        snprintf(c->name, sizeof c->name, "%s+%s+%s demoted", tn, c->evict->text, kva_dtype_name(c->evict->demote));
+      else if (c->evict->kind != KVA_EVICT_NONE)
         snprintf(c->name, sizeof c->name, "%s+%s", tn, c->evict->text);
       else
         snprintf(c->name, sizeof c->name, "%s", tn);

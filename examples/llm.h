@@ -906,6 +906,8 @@ typedef struct {
   int max_seqs;                  /* live sequences at once; 0 = kvattn's default */
   int rotate;                    /* kva_cache_desc.rotate: KVA_ROTATE_K / KVA_ROTATE_V rows stored rotated */
   int block_bounds;              /* kva_cache_desc.block_bounds: key bounds per block, for block selection */
+  kva_dtype demote_dtype;        /* kva_cache_desc.demote_dtype: a pool for tokens eviction demotes (DEFAULT: none) */
+  int demote_blocks;             /* its blocks; 0 = n_blocks */
 } llm_cache_opts;
 
 static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, kva_cache_desc *d) {
@@ -927,6 +929,8 @@ static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, 
   d->max_seqs = o->max_seqs;
   d->rotate = o->rotate;
   d->block_bounds = o->block_bounds;
+  d->demote_dtype = o->demote_dtype;
+  d->demote_blocks = o->demote_blocks;
 }
 
 /* Blocks that hold n tokens of one sequence (+1 for a partly filled tail). */
