@@ -7059,6 +7059,7 @@ typedef struct {
   int32_t g, row0, n_chunks; /* KV head; rows row0 .. in n_chunks chunks of KVA__MAXROWS */
   int32_t kv0, kv1;
   int32_t part;   /* split-K partial result slot, or -1: write the output directly */
+  int32_t demoted; /* 1: over the sequence's demoted region (one more part of the merge) */
 } kva__unit;
 
 struct kva_batch {
@@ -7069,6 +7070,8 @@ struct kva_batch {
   const float *q;                  /* the prepared layer's rows */
   float *out, *lse;
   int *seq_id, *n_q, *len, *pos, *evict_kind, *q_row; /* per sequence; q_row: first query row in q / out */
+  int *dm_len;                     /* per sequence: its demoted tokens when planned */
+  kva__kv_view *dm_views;          /* per sequence with demoted tokens, rebuilt by each run */
   int32_t *tree_parent;            /* NULL, or [sum n_q]: each sequence's tree (kva_attn.tree_parent) */
   float *sinks;                    /* NULL, or [n_heads]: the plan's copy of kva_attn.sink_logits */
   int rotate;                      /* the cache's kva_cache_desc.rotate when planned */
@@ -7095,28 +7098,30 @@ static inline void kva__plan_seq(kva_batch *b, const kva__attn_params *P, const 
                                  int items_total, int *u, int *pi, int *mi) {
   int chunks = (n_q * P->R + KVA__MAXROWS - 1) / KVA__MAXROWS, h2o = kva__accumulates(&s->evict), g, ch, k;
   int S = kva__kv_splits(items_total, s->len, h2o);
-  const int selects = kva__selects(P, s->len);
+  const int selects = kva__selects(P, s->len), dm = s->dm_len > 0;
+  if (dm && S >= KVA__MAXSPLIT) S = KVA__MAXSPLIT - 1; /* the demoted region is one more part */
   for (g = 0; g < P->G && chunks > 0; g++) {
     if (h2o || selects) { /* one unit per KV head: its chunks add to the same key scores; or it selects */
-      kva__unit un = {0, 0, 0, 0, 0, 0, -1};
+      kva__unit un = {0, 0, 0, 0, 0, 0, -1, 0};
       un.seq = i; un.g = g; un.n_chunks = chunks; un.kv1 = s->len;
       if (b) b->units[*u] = un;
       ++*u;
       continue;
     }
     for (ch = 0; ch < chunks; ch++) {
-      if (S > 1) {
+      if (S + dm > 1) {
         if (b) {
           b->merge_unit[*mi] = *u;
-          b->merge_splits[*mi] = S;
+          b->merge_splits[*mi] = S + dm;
         }
         ++*mi;
       }
-      for (k = 0; k < S; k++) {
-        kva__unit un = {0, 0, 0, 1, 0, 0, -1};
+      for (k = 0; k < S + dm; k++) {
+        kva__unit un = {0, 0, 0, 1, 0, 0, -1, 0};
         un.seq = i; un.g = g; un.row0 = ch * KVA__MAXROWS;
-        kva__split_range(s->len, S, k, &un.kv0, &un.kv1);
-        if (S > 1) un.part = (*pi)++;
+        if (k < S) kva__split_range(s->len, S, k, &un.kv0, &un.kv1);
+        else un.demoted = 1, un.kv0 = 0, un.kv1 = s->dm_len;
+        if (S + dm > 1) un.part = (*pi)++;
         if (b) b->units[*u] = un;
         ++*u;
       }
@@ -7138,6 +7143,8 @@ static inline void kva__batch_layout(kva__layout *L, kva_batch *b, int n_seqs, i
   b->pos = (int *)kva__carve(L, seqs, sizeof(int));
   b->evict_kind = (int *)kva__carve(L, seqs, sizeof(int));
   b->q_row = (int *)kva__carve(L, seqs, sizeof(int));
+  b->dm_len = (int *)kva__carve(L, seqs, sizeof(int));
+  b->dm_views = (kva__kv_view *)kva__carve(L, seqs, sizeof(kva__kv_view));
   b->merge_unit = (int *)kva__carve(L, merges, sizeof(int));
   b->merge_splits = (int *)kva__carve(L, merges, sizeof(int));
   b->parts = (float *)kva__carve(L, part_floats, sizeof(float));
@@ -7174,8 +7181,9 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     KVA__REFUSE(c, a->tree_parent && kva__tree_check(a->tree_parent + rows_total, n_q[i]) != KVA_OK, KVA_ERR_ARG);
     if (kva__selects(&P, s->len) && (why = kva__select_seq_rule(c, s, a->tree_parent != NULL)) != NULL)
       return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__, why); /* as kva_attend_cache */
-    KVA__REFUSE_WHY(c, s->dm_len > 0, KVA_ERR_UNSUPPORTED,
-                    "a sequence holds demoted tokens: attend it with kva_attend_cache");
+    KVA__REFUSE_WHY(c, s->dm_len > 0 && (kva__selects(&P, s->len) || kva__accumulates(&s->evict)),
+                    KVA_ERR_UNSUPPORTED,
+                    "a sequence holds demoted tokens and selects or accumulates: attend it with kva_attend_cache");
     rows_total += n_q[i];
     rows = n_q[i] * P.R;
     chunks = (rows + KVA__MAXROWS - 1) / KVA__MAXROWS;
@@ -7230,6 +7238,7 @@ static inline kva_status kva__batch_build(kva_cache *c, const kva_attn *a, const
     b->len[i] = s->len;
     b->pos[i] = s->pos;
     b->evict_kind[i] = kva__accumulates(&s->evict) ? KVA_EVICT_H2O : (int)s->evict.kind;
+    b->dm_len[i] = s->dm_len;
     b->q_row[i] = rows_total;
     rows_total += n_q[i];
     kva__plan_seq(b, &P, s, i, n_q[i], items_total, &u, &pi, &mi);
@@ -7274,7 +7283,7 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
   KVA__REFUSE(c, b->n_units > 0 && (!q || !out), KVA_ERR_ARG);
   for (i = 0; i < b->n_seqs; i++) { /* a stale plan: the sequence moved on (argument errors first) */
     const kva__seq *s = kva__seq_get(c, b->seq_id[i]);
-    if (s && (s->len != b->len[i] || s->pos != b->pos[i] || (kva__accumulates(&s->evict) ? KVA_EVICT_H2O : (int)s->evict.kind) != b->evict_kind[i] ||
+    if (s && (s->len != b->len[i] || s->pos != b->pos[i] || s->dm_len != b->dm_len[i] || (kva__accumulates(&s->evict) ? KVA_EVICT_H2O : (int)s->evict.kind) != b->evict_kind[i] ||
               b->n_q[i] > s->last_append))
       return kva__refuse(c, KVA_ERR_ARG, __func__, "a sequence changed since the plan was made: plan again");
   }
@@ -7288,6 +7297,7 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
     b->views[i].tree_parent = b->tree_parent ? b->tree_parent + b->q_row[i] : NULL;
     b->views[i].tree_base = (int32_t)(b->pos[i] - b->n_q[i]);
     b->views[i].tree_n = b->n_q[i];
+    if (s->dm_len > 0) kva__demoted_view(c, s, layer, &b->dm_views[i]);
   }
   b->layer = layer;
   b->q = q, b->out = out, b->lse = lse;
@@ -7321,7 +7331,8 @@ KVA_API kva_status kva_batch_run_units(kva_batch *b, int begin, int end) {
     const float *qs = b->q + (size_t)b->q_row[un->seq] * P->q_stride;
     float *os = b->out + (size_t)b->q_row[un->seq] * P->o_stride;
     float *ls = b->lse ? b->lse + (size_t)b->q_row[un->seq] * (size_t)P->H : NULL;
-    kva__pass ps = kva__pass_base(P, &b->views[un->seq], qs, NULL, (int32_t)(b->pos[un->seq] - b->n_q[un->seq]));
+    const kva__kv_view *w = un->demoted ? &b->dm_views[un->seq] : &b->views[un->seq];
+    kva__pass ps = kva__pass_base(P, w, qs, NULL, (int32_t)(b->pos[un->seq] - b->n_q[un->seq]));
     if (kva__selects(P, b->len[un->seq])) { /* token by token, as kva_attend_cache */
       for (k = 0; k < b->n_q[un->seq]; k++) {
         kva__attend_selected_one(P, &b->views[un->seq], b->len[un->seq], b->n_q[un->seq], k, un->g, qs,

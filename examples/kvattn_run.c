@@ -106,7 +106,7 @@ static void usage(FILE *f) {
           "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n"
           "  --demote TYPE[:MAX]   every --evict policy keeps the tokens it evicts, converted to TYPE (f32,\n"
           "                f16, bf16, int8, int4), and still attends them; at most MAX of them (default: no\n"
-          "                bound), the earliest demoted deleted first (not with --serve)\n"
+          "                bound), the earliest demoted deleted first (--serve: not with h2o)\n"
           "  --fp8-scale S[,SV]   FP8 tensor scale of K (and V); stored value = fp8(x / S) (default 1)\n"
           "  --fp8-calib FILE     FP8 scales calibrated (least squared round-trip error) on the K/V of\n"
           "                the first seq_len tokens of this text\n"
@@ -435,9 +435,14 @@ static void parse_args(int argc, char **argv, options *o) {
   if (o->n_evict == 0) parse_evict("none", &o->evict[o->n_evict++]);
   if (o->demote) {
     int e, any = 0;
-    if (o->serve) die("--demote: --serve attends through batch plans, which do not read demoted tokens yet");
-    for (e = 0; e < o->n_evict; e++)
-      if (o->evict[e].kind != KVA_EVICT_NONE) o->evict[e].demote = o->demote, o->evict[e].demote_budget = o->demote_budget, any = 1;
+    for (e = 0; e < o->n_evict; e++) {
+      if (o->evict[e].kind == KVA_EVICT_NONE) continue;
+      if (o->serve && o->evict[e].kind == KVA_EVICT_H2O)
+        die("--demote with --serve: batch plans do not attend an H2O sequence's demoted tokens (use window)");
+      o->evict[e].demote = o->demote;
+      o->evict[e].demote_budget = o->demote_budget;
+      any = 1;
+    }
     if (!any) die("--demote: give an --evict policy whose evicted tokens it keeps");
   }
   if (o->layer_spec && o->n_dtypes > 1) die("--layer-dtypes and a --kv-dtype list do not combine");
@@ -1181,9 +1186,10 @@ static void serve(const options *o, config *c, int steps) {
         r->running = 0;
         if (kva_seq_get_stats(cache, r->seq, &mem) == KVA_OK) /* what it held at the end: report and bill */
           fprintf(stderr,
-                  "serve: request %d done: %ld tokens held (%ld evicted) in %d blocks, %d shared; "
-                  "%.1f KiB, %.1f KiB its own; its share %.1f KiB\n",
-                  who[k], mem.tokens, mem.tokens_evicted, mem.blocks, mem.blocks_shared, mem.bytes / 1024.0,
+                  "serve: request %d done: %ld tokens held (%ld evicted, %ld demoted in %d blocks) in %d blocks, "
+                  "%d shared; %.1f KiB, %.1f KiB its own; its share %.1f KiB\n",
+                  who[k], mem.tokens, mem.tokens_evicted, mem.tokens_demoted, mem.demote_blocks, mem.blocks,
+                  mem.blocks_shared, mem.bytes / 1024.0,
                   mem.bytes_own / 1024.0, mem.bytes_prorated / 1024.0);
         kva_seq_free(cache, r->seq);
         r->seq = -1;
