@@ -306,6 +306,17 @@ static void memory_rows(const opts *o, rows *t) {
             rn(w, C_PAD, (double)ac.pad);
             /* kva_cache_desc.block_bounds (block selection): the keys' F16 minimum and maximum per block */
             rn(w, C_BOUNDSPT, (double)kva_cache_bytes_per_token(&db) - (double)bpt);
+            if (var != V_MLA) { /* kva_cache_desc.demote_dtype: a token eviction keeps at INT4, from a real cache */
+              kva_cache_desc dd = variant_desc(mo, var, dt, mo->L);
+              kva_cache *dc;
+              dd.block_size = 16, dd.n_blocks = 1, dd.max_seqs = 1, dd.demote_dtype = KVA_INT4;
+              if (kva_cache_create(&dd, &dc) == KVA_OK) {
+                kva_cache_stats cst;
+                kva_cache_get_stats(dc, &cst);
+                rn(w, C_DEMOTEPT, (double)cst.demote_block_bytes / 16.0);
+                kva_cache_destroy(dc);
+              }
+            }
             if (meta >= 0) rn(w, C_METAPT, meta);
             if (lean >= 0) rn(w, C_METALEAN, lean);
           }
@@ -335,7 +346,7 @@ void cmd_memory(const opts *o) {
                              {C_CTX, "ctx", FM_SEP},          {C_BYTESCTX, "GB @ctx*batch", FM_GB},
                              {C_MAXCTX, "max ctx", FM_TOK},   {C_MAXBATCH, "max batch", FM_SEP},
                              {C_METAPT, "meta B/tok", FM_F1}, {C_METALEAN, "lean", FM_F1},
-                             {C_BOUNDSPT, "bounds B/tok", FM_F1},
+                             {C_BOUNDSPT, "bounds B/tok", FM_F1}, {C_DEMOTEPT, "demoted int4 B/tok", FM_F1},
                              {C_ALLOC, "allocator", FM_STR},  {C_NOTE, "note", FM_STR}};
     fmt_sep((double)o->ctx[0], ctxs, sizeof ctxs);
     snprintf(mem, sizeof mem, "%.2f GiB = %.2f GB", o->mem / GiB, o->mem / 1e9);
@@ -346,6 +357,8 @@ void cmd_memory(const opts *o) {
              "  per token slot of that pool, from kva_cache_size (defaults: 256 sequences, tables of n_blocks, positions\n"
              "  and H2O scores); lean = evict_support NONE and max_seq_len = ctx; bounds B/tok = what block_bounds\n"
              "  adds for block selection (an F16 minimum and maximum per channel, per block of 16 and KV head);\n"
+             "  demoted int4 B/tok = a token eviction keeps at INT4 (demote_dtype: its rows and a position per\n"
+             "  layer and KV head, from a real cache's kva_cache_stats.demote_block_bytes);\n"
              "  allocator = a real 2-layer cache of 4 blocks: block bytes == B/tok/layer x 16 per layer (+ 64-byte\n"
              "  alignment padding), exactly 4 blocks' tokens fit. MLA for non-MLA models: latent 4D + rope D/2, one\n"
              "  latent head.",

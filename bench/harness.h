@@ -118,7 +118,7 @@ int rand_log_int(uint64_t *rng, int lo, int hi);    /* log-uniform in [lo, hi] *
   X(KLQ1, "kl_first_quarter") X(KLQ4, "kl_last_quarter") X(PK25, "passkey_0_25") X(PK50, "passkey_0_5")       \
   X(PK90, "passkey_0_9") X(PKN, "passkey_cases") X(TOKS, "decode_tok_per_s") X(KVASHARE, "decode_kvattn_share") \
   X(KSCALE, "k_scale") X(VSCALE, "v_scale") X(METAPT, "bookkeeping_per_token")                              \
-  X(METALEAN, "bookkeeping_per_token_lean") X(BOUNDSPT, "block_bounds_per_token")                           \
+  X(METALEAN, "bookkeeping_per_token_lean") X(BOUNDSPT, "block_bounds_per_token") X(DEMOTEPT, "demoted_int4_bytes_per_token")                           \
   X(STREAMBPT, "stream_bytes_per_token") X(STREAMOVER, "stream_over_cache_bytes")                           \
   X(BRATIO, "bytes_vs_base") X(TBRATIO, "time_over_bytes_vs_base") X(NDEPTH, "needle_depth") X(NDL1, "needle_single") X(NDL2, "needle_multi")                             \
   X(SOURCE, "source") X(NOTE, "note")
