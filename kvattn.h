@@ -380,6 +380,15 @@ typedef struct {
   void *(*alloc_fn)(size_t size, size_t align, void *user);
   void (*free_fn)(void *p, size_t size, void *user);
   void *user;
+  /* A second tier behind the prefix cache (docs/API.md, "Prefix tier"): both NULL, or both set. spill gets
+     each published block the cache forgets to make room or by age, as one self-describing, checksummed
+     record of kva_prefix_record_size bytes under its key; fetch, when a prefix lookup misses in memory,
+     is asked for the next block's key and copies its record into rec (cap bytes), setting *size. Records
+     fetched are verified before use; a status other than KVA_OK from either is a miss. KV caches
+     without layer groups. */
+  kva_status (*spill)(void *user, const uint8_t key[32], const void *rec, size_t size);
+  kva_status (*fetch)(void *user, const uint8_t key[32], void *rec, size_t cap, size_t *size);
+  void *tier_user;
   /* NULL, or called when a call on this cache refuses (any status but KVA_OK), from the calling
      thread before the call returns: the kvattn.h function whose check failed and which rule was
      broken (the condition as written there, or a sentence). Static strings; never called on success. */
@@ -413,6 +422,12 @@ typedef struct {
   int demote_blocks;    /* its size */
   int demote_blocks_used;
   size_t demote_block_bytes; /* one block, all layers, K+V+scales, and its positions */
+  /* the prefix tier (kva_cache_desc.spill / fetch), in blocks: */
+  long tier_spills;        /* records handed to spill (accepted or not) */
+  long tier_spill_errors;  /* of those, refused by spill */
+  long tier_fetch_hits;    /* records fetched, verified and reused */
+  long tier_fetch_misses;  /* fetch calls that returned a status other than KVA_OK */
+  long tier_fetch_refused; /* records fetched but refused by the checks (nothing used) */
 } kva_cache_stats;
 
 /* One sequence's memory (kva_seq_get_stats), to report and bill a request. */
@@ -590,6 +605,10 @@ KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens,
 KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n_tokens, uint64_t salt, int *seq,
                                       int *n_reused);
 KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
+KVA_API size_t kva_prefix_record_size(const kva_cache *c);
+KVA_API void kva_prefix_key(const uint8_t parent[32], uint64_t salt, const int32_t *tokens, int n_tokens,
+                            uint8_t key[32]);
+KVA_API void kva_sha256(const void *data, size_t n, uint8_t digest[32]);
 
 /* store, attend and read a sequence */
 KVA_API kva_status kva_store(kva_cache *c, int seq, int layer, const float *k, const float *v, int n_tokens);
@@ -4234,6 +4253,100 @@ KVA_API kva_status kva_rope_apply(const kva_rope *r, float *x, int n_tokens, int
    addresses every layer. Everything is allocated once, at create.
    ====================================================================== */
 
+/* --- SHA-256 (FIPS 180-4), for the prefix tier's keys: a key names a whole
+   token prefix across processes and machines, so it must not collide even
+   for token ids chosen to make it --- */
+
+static inline uint32_t kva__ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+static inline void kva__sha256_block(uint32_t h[8], const unsigned char *p) {
+  static const uint32_t k[64] = {
+      0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+      0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+      0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+      0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+      0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+      0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+      0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+      0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+  uint32_t w[64], a, b, c, d, e, f, g, hh, t1, t2;
+  int i;
+  for (i = 0; i < 16; i++)
+    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+  for (i = 16; i < 64; i++)
+    w[i] = w[i - 16] + (kva__ror32(w[i - 15], 7) ^ kva__ror32(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+           (kva__ror32(w[i - 2], 17) ^ kva__ror32(w[i - 2], 19) ^ (w[i - 2] >> 10));
+  a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+  for (i = 0; i < 64; i++) {
+    t1 = hh + (kva__ror32(e, 6) ^ kva__ror32(e, 11) ^ kva__ror32(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+    t2 = (kva__ror32(a, 2) ^ kva__ror32(a, 13) ^ kva__ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+  }
+  h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+}
+/* Incremental, so a key's parts need no buffer of their own */
+typedef struct {
+  uint32_t h[8];
+  unsigned char buf[64];
+  uint64_t n; /* bytes so far */
+} kva__sha256_ctx;
+static inline void kva__sha256_init(kva__sha256_ctx *x) {
+  static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                 0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+  memcpy(x->h, iv, sizeof iv);
+  x->n = 0;
+}
+static inline void kva__sha256_add(kva__sha256_ctx *x, const void *data, size_t n) {
+  const unsigned char *p = (const unsigned char *)data;
+  while (n > 0) {
+    size_t at = (size_t)(x->n % 64), take = 64 - at < n ? 64 - at : n;
+    memcpy(x->buf + at, p, take);
+    x->n += take, p += take, n -= take;
+    if (at + take == 64) kva__sha256_block(x->h, x->buf);
+  }
+}
+static inline void kva__sha256_end(kva__sha256_ctx *x, uint8_t digest[32]) {
+  uint64_t bits = x->n * 8;
+  unsigned char len[8];
+  int i;
+  for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
+  kva__sha256_add(x, "\x80", 1);
+  while (x->n % 64 != 56) kva__sha256_add(x, "", 1); /* the string's terminating zero */
+  kva__sha256_add(x, len, 8);
+  for (i = 0; i < 32; i++) digest[i] = (uint8_t)(x->h[i / 4] >> (24 - 8 * (i % 4)));
+}
+/* SHA-256 of n bytes: digest [32] */
+KVA_API void kva_sha256(const void *data, size_t n, uint8_t digest[32]) {
+  kva__sha256_ctx x;
+  kva__sha256_init(&x);
+  kva__sha256_add(&x, data, n);
+  kva__sha256_end(&x, digest);
+}
+/* The key of the block that ends a prefix: SHA-256 of "kvattn-prefix-1", the
+   key of the block before it (parent NULL: the first block, 32 zero bytes),
+   the salt as 8 little-endian bytes, then each of its n_tokens token ids as
+   4 little-endian bytes. The same on every machine. */
+KVA_API void kva_prefix_key(const uint8_t parent[32], uint64_t salt, const int32_t *tokens, int n_tokens,
+                            uint8_t key[32]) {
+  static const uint8_t none[32] = {0};
+  kva__sha256_ctx x;
+  unsigned char b[8];
+  int i, j;
+  kva__sha256_init(&x);
+  kva__sha256_add(&x, "kvattn-prefix-1", 15);
+  kva__sha256_add(&x, parent ? parent : none, 32);
+  for (j = 0; j < 8; j++) b[j] = (unsigned char)(salt >> (8 * j));
+  kva__sha256_add(&x, b, 8);
+  for (i = 0; tokens && i < n_tokens; i++) {
+    uint32_t t = (uint32_t)tokens[i];
+    for (j = 0; j < 4; j++) b[j] = (unsigned char)(t >> (8 * j));
+    kva__sha256_add(&x, b, 4);
+  }
+  kva__sha256_end(&x, key);
+}
+#define KVA__TIER_MAGIC "kvattnPB"
+#define KVA__TIER_VERSION 1u
+#define KVA__TIER_HEADER 128 /* bytes before the layers' types and scales */
+
 /* --- the cache: its records, shape and layout, create and destroy --- */
 
 typedef struct {
@@ -4287,6 +4400,7 @@ typedef struct {
   uint64_t pub_gen;         /* unique per publication: children name their parent by (id, pub_gen) */
   uint64_t parent_gen, salt, hash;
   long last_use;            /* append counter at the last release or hit */
+  uint8_t key[32];          /* published, with a prefix tier: kva_prefix_key of its prefix */
 } kva__block;
 
 struct kva_cache {
@@ -4313,6 +4427,14 @@ struct kva_cache {
   uint64_t bucket_mask, pub_counter;
   int n_free, n_cached, n_used, prefix_max_age;
   long append_counter, prefix_queries, prefix_hits, cow_copies, appends_failed, prefix_forgotten;
+  /* the prefix tier (kva_cache_desc.spill / fetch): one record's bytes, a buffer for each direction */
+  kva_status (*spill)(void *, const uint8_t *, const void *, size_t);
+  kva_status (*fetch)(void *, const uint8_t *, void *, size_t, size_t *);
+  void *tier_user;
+  size_t tier_bytes;
+  unsigned char *tier_out, *tier_in;
+  int tier_quiet;           /* kva_cache_reset_prefix: forgetting on purpose, nothing spilled */
+  long tier_spills, tier_spill_errors, tier_fetch_hits, tier_fetch_misses, tier_fetch_refused;
   kva__seq *seqs;           /* [max_seqs] */
   int32_t *seq_tables;      /* [max_seqs][n_blocks] their block tables */
   int32_t *seq_stored;      /* [max_seqs][n_layers][2] their kva__seq.stored */
@@ -4520,6 +4642,8 @@ static inline unsigned char *kva__cache_layout(kva__layout *L, kva_cache *c, siz
   c->dm_free = (int32_t *)kva__carve(L, (size_t)c->dm_blocks, sizeof(int32_t));
   c->seq_dm_tables = (int32_t *)kva__carve(L, (size_t)c->max_seqs * (size_t)c->dm_max_table, sizeof(int32_t));
   c->dm_row = (float *)kva__carve(L, (size_t)(c->D > c->DV ? c->D : c->DV), sizeof(float));
+  c->tier_out = (unsigned char *)kva__carve(L, c->tier_bytes, 1);
+  c->tier_in = (unsigned char *)kva__carve(L, c->tier_bytes, 1);
   pool = (unsigned char *)kva__carve(L, blocks, c->block_bytes);
   for (i = 0; i < c->n_spans; i++) /* block data last: create leaves it uninitialised */
     c->span_pool_base[i] = (unsigned char *)kva__carve(L, (size_t)c->spans[i].n_blocks + 1, c->spans[i].block_bytes);
@@ -4635,6 +4759,9 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
   KVA__DESC_RULE(d, d->rotate < 0 || d->rotate > (KVA_ROTATE_K | KVA_ROTATE_V), KVA_ERR_ARG);
   KVA__DESC_RULE(d, d->rotate && d->kind == KVA_CACHE_LATENT, KVA_ERR_UNSUPPORTED); /* V is a prefix of K there */
   KVA__DESC_RULE(d, d->block_bounds < 0 || d->block_bounds > 1, KVA_ERR_ARG);
+  KVA__DESC_RULE(d, (d->spill == NULL) != (d->fetch == NULL), KVA_ERR_ARG);
+  /* a tier record holds one main-pool block: a group's blocks live elsewhere, a latent row has no V */
+  KVA__DESC_RULE(d, d->spill && (d->n_groups > 0 || d->kind == KVA_CACHE_LATENT), KVA_ERR_UNSUPPORTED);
   KVA__DESC_RULE(d, !kva__dtype_valid(d->demote_dtype) || d->demote_blocks < 0 || d->demote_blocks > INT32_MAX / 4,
                  KVA_ERR_ARG);
   /* demoted rows carry their own scales (INT8, INT4) or need none; FP8 would need a scale per row */
@@ -4674,9 +4801,13 @@ static inline kva_status kva__cache_shape(const kva_cache_desc *d, kva_cache *sh
         return kva__refuse_desc(d, st, __func__, "an FP8 scale is not a positive finite float (or too large for E4M3)");
     }
     bytes = kva__layer_geometry(d->kind, kt, vt, shape->D, shape->DV, shape->G, shape->bs).block;
+    if (d->spill) /* a tier record: the layer's types and scales, then its K and V rows */
+      shape->tier_bytes += 8 + 8 * (size_t)shape->G +
+                           (size_t)shape->G * (size_t)shape->bs * (kva__row_bytes(kt, shape->D) + kva__row_bytes(vt, shape->DV));
     if (span < 0) shape->block_bytes += bytes;
     else shape->spans[span].block_bytes += bytes;
   }
+  if (d->spill) shape->tier_bytes += KVA__TIER_HEADER + 4 * (size_t)shape->bs + 8; /* header, token ids, checksum */
   if (d->n_blocks) {
     KVA__DESC_RULE(d, (size_t)d->n_blocks > (size_t)INT32_MAX / 4, KVA_ERR_ARG);
     *footprint = kva__cache_footprint(d, shape, d->n_blocks, n_buckets);
@@ -4738,6 +4869,9 @@ KVA_API kva_status kva_cache_create(const kva_cache_desc *d, kva_cache **out) {
   c->free_fn = d->free_fn;
   c->user = d->user;
   c->on_error = d->on_error;
+  c->spill = d->spill;
+  c->fetch = d->fetch;
+  c->tier_user = d->tier_user;
   c->alloc_bytes = footprint; /* what was asked of the allocator */
   c->bytes_meta = data;
   c->bucket_mask = (uint64_t)n_buckets - 1;
@@ -5003,6 +5137,129 @@ static inline int32_t kva__span_take(kva__span *sp) {
 }
 static inline long kva__span_avail(const kva__span *sp) { return (long)sp->n_free + sp->n_spare; }
 
+/* --- the prefix tier's records (kva_cache_desc.spill / fetch) ---
+   One published block, self-describing, in the writer's byte order (as
+   sequence streams; a reader of the other order refuses it):
+     0    8  magic "kvattnPB"         8  u32 version       12 u32 0x01020304
+     16   u64 record bytes            24 its key [32]      56 its parent's key [32]
+     88   u64 salt                    96 i32 kind, n_layers, n_kv_heads, head_dim, v_dim, block_size, rotate
+     124  u32 0
+     128  per layer: u32 K and V types, f32 FP8 scales of K, then V, per KV head
+          i32 token ids [block_size]
+          per layer: K rows [n_kv_heads][block_size] as stored, then V rows
+          u64 checksum of every byte before it (kva__stream_checksum) */
+static inline uint64_t kva__stream_checksum(const void *p, size_t n);
+static inline void kva__tier_put_i32(unsigned char *p, int32_t v) { memcpy(p, &v, 4); }
+static inline int32_t kva__tier_get_i32(const unsigned char *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+/* The shape fields of a record of this cache, in order */
+static inline void kva__tier_shape(const kva_cache *c, int32_t shape[7]) {
+  shape[0] = (int32_t)c->kind, shape[1] = c->n_layers, shape[2] = c->G, shape[3] = c->D, shape[4] = c->DV;
+  shape[5] = c->bs, shape[6] = c->rotate;
+}
+static inline void kva__tier_encode(const kva_cache *c, int32_t b, unsigned char *rec) {
+  const kva__block *k = &c->blk[b];
+  const size_t G = (size_t)c->G, bs = (size_t)c->bs;
+  unsigned char *p = rec;
+  int32_t shape[7];
+  uint64_t u64 = (uint64_t)c->tier_bytes;
+  int l, i;
+  memcpy(p, KVA__TIER_MAGIC, 8);
+  kva__tier_put_i32(p + 8, (int32_t)KVA__TIER_VERSION);
+  kva__tier_put_i32(p + 12, (int32_t)0x01020304);
+  memcpy(p + 16, &u64, 8);
+  memcpy(p + 24, k->key, 32);
+  if (k->parent >= 0) memcpy(p + 56, c->blk[k->parent].key, 32);
+  else memset(p + 56, 0, 32);
+  memcpy(p + 88, &k->salt, 8);
+  kva__tier_shape(c, shape);
+  for (i = 0; i < 7; i++) kva__tier_put_i32(p + 96 + 4 * i, shape[i]);
+  memset(p + 124, 0, 4);
+  p += KVA__TIER_HEADER;
+  for (l = 0; l < c->n_layers; l++) {
+    kva__tier_put_i32(p, (int32_t)c->kt[l]);
+    kva__tier_put_i32(p + 4, (int32_t)c->vt[l]);
+    memcpy(p + 8, c->k_fp8 + (size_t)l * G, 4 * G);
+    memcpy(p + 8 + 4 * G, c->v_fp8 + (size_t)l * G, 4 * G);
+    p += 8 + 8 * G;
+  }
+  memcpy(p, c->blk_tokens + (size_t)b * bs, 4 * bs);
+  p += 4 * bs;
+  for (l = 0; l < c->n_layers; l++) {
+    const unsigned char *blk = c->pool[l] + (size_t)b * c->layer_block[l];
+    memcpy(p, blk, G * bs * c->k_row[l]);
+    p += G * bs * c->k_row[l];
+    memcpy(p, blk + c->v_off[l], G * bs * c->v_row[l]);
+    p += G * bs * c->v_row[l];
+  }
+  u64 = kva__stream_checksum(rec, (size_t)(p - rec));
+  memcpy(p, &u64, 8);
+}
+/* Is rec (size bytes, from outside) a record of this cache for the block
+   (key, parent's key, salt, token ids) that was asked for? Every field is
+   checked before any byte of it is used. */
+static inline int kva__tier_record_ok(const kva_cache *c, const unsigned char *rec, size_t size, const uint8_t key[32],
+                                      const uint8_t parent_key[32], uint64_t salt, const int32_t *tok) {
+  const size_t G = (size_t)c->G;
+  const unsigned char *p;
+  int32_t shape[7];
+  uint64_t u64;
+  int l, i;
+  if (size != c->tier_bytes) return 0;
+  memcpy(&u64, rec + size - 8, 8);
+  if (u64 != kva__stream_checksum(rec, size - 8)) return 0;
+  if (memcmp(rec, KVA__TIER_MAGIC, 8) != 0 || kva__tier_get_i32(rec + 8) != (int32_t)KVA__TIER_VERSION ||
+      kva__tier_get_i32(rec + 12) != (int32_t)0x01020304)
+    return 0;
+  memcpy(&u64, rec + 16, 8);
+  if (u64 != (uint64_t)size || memcmp(rec + 24, key, 32) != 0 || memcmp(rec + 56, parent_key, 32) != 0) return 0;
+  memcpy(&u64, rec + 88, 8);
+  if (u64 != salt || kva__tier_get_i32(rec + 124) != 0) return 0;
+  kva__tier_shape(c, shape);
+  for (i = 0; i < 7; i++)
+    if (kva__tier_get_i32(rec + 96 + 4 * i) != shape[i]) return 0;
+  p = rec + KVA__TIER_HEADER;
+  for (l = 0; l < c->n_layers; l++) { /* the same types and the same FP8 scales, bit for bit */
+    if (kva__tier_get_i32(p) != (int32_t)c->kt[l] || kva__tier_get_i32(p + 4) != (int32_t)c->vt[l] ||
+        memcmp(p + 8, c->k_fp8 + (size_t)l * G, 4 * G) != 0 || memcmp(p + 8 + 4 * G, c->v_fp8 + (size_t)l * G, 4 * G) != 0)
+      return 0;
+    p += 8 + 8 * G;
+  }
+  return memcmp(p, tok, 4 * (size_t)c->bs) == 0;
+}
+/* A verified record's rows into block b, the block_index-th of its prefix
+   (its slots' positions), scores 0, bounds from the rows. */
+static inline void kva__tier_decode(kva_cache *c, int32_t b, const unsigned char *rec, int block_index) {
+  const size_t G = (size_t)c->G, bs = (size_t)c->bs;
+  const unsigned char *p = rec + KVA__TIER_HEADER + (size_t)c->n_layers * (8 + 8 * G) + 4 * bs;
+  int l, g, slot;
+  for (l = 0; l < c->n_layers; l++) {
+    unsigned char *blk = c->pool[l] + (size_t)b * c->layer_block[l];
+    memcpy(blk, p, G * bs * c->k_row[l]);
+    p += G * bs * c->k_row[l];
+    memcpy(blk + c->v_off[l], p, G * bs * c->v_row[l]);
+    p += G * bs * c->v_row[l];
+    for (g = 0; g < c->G; g++) {
+      if (c->block_bounds) kva__bounds_reset(c, l, b, g);
+      for (slot = 0; slot < c->bs; slot++) {
+        if (c->block_pos) *kva__pos_ptr(c, l, b, g, slot) = (int32_t)((long)block_index * c->bs + slot);
+        if (c->block_score) *kva__score_ptr(c, l, b, g, slot) = 0.0f;
+        if (c->block_bounds) kva__bounds_add(c, l, b, g, slot);
+      }
+    }
+  }
+}
+/* A published block leaves memory: hand its record to the tier */
+static inline void kva__tier_spill(kva_cache *c, int32_t b) {
+  if (!c->spill || c->tier_quiet) return;
+  kva__tier_encode(c, b, c->tier_out);
+  c->tier_spills++;
+  if (c->spill(c->tier_user, c->blk[b].key, c->tier_out, c->tier_bytes) != KVA_OK) c->tier_spill_errors++;
+}
+
 /* --- unpublishing: a block leaves the prefix table (and every group's pool
    forgets it); the block pool and prefix caching below call it --- */
 
@@ -5010,6 +5267,7 @@ static inline void kva__unpublish_one(kva_cache *c, int32_t b) {
   kva__block *k = &c->blk[b];
   int32_t *link = &c->buckets[k->hash & c->bucket_mask];
   int i;
+  kva__tier_spill(c, b); /* (its parent is still published: children leave first) */
   for (i = 0; i < c->n_spans; i++) kva__span_unpublish(&c->spans[i], b);
   KVATTN_ASSERT(k->first_child < 0);
   while (*link != b) link = &c->blk[*link].hnext;
@@ -6063,6 +6321,28 @@ KVA_API kva_fit kva_seq_fits(const kva_cache *c, int seq, int n_tokens, int *blo
 
 /* --- prefix caching --- */
 
+/* Block b joins the prefix table under (parent's publication, salt, tok) */
+static inline void kva__publish_one(kva_cache *c, int32_t b, int32_t parent, uint64_t salt, const int32_t *tok) {
+  kva__block *k = &c->blk[b];
+  k->published = 1;
+  k->pub_gen = ++c->pub_counter;
+  k->parent = parent;
+  k->parent_gen = parent >= 0 ? c->blk[parent].pub_gen : 0;
+  k->salt = salt;
+  k->hash = kva__prefix_hash(parent, k->parent_gen, salt, tok, c->bs);
+  memcpy(c->blk_tokens + (size_t)b * (size_t)c->bs, tok, (size_t)c->bs * sizeof(int32_t));
+  k->hnext = c->buckets[k->hash & c->bucket_mask];
+  c->buckets[k->hash & c->bucket_mask] = b;
+  k->first_child = k->prev_sib = -1;
+  k->next_sib = -1;
+  if (parent >= 0) {
+    k->next_sib = c->blk[parent].first_child;
+    if (k->next_sib >= 0) c->blk[k->next_sib].prev_sib = b;
+    c->blk[parent].first_child = b;
+  }
+  if (c->spill) kva_prefix_key(parent >= 0 ? c->blk[parent].key : NULL, salt, tok, c->bs, k->key);
+}
+
 /* Publish the sequence's first n_full blocks under (salt, tokens), each
    under its parent's publication; a key another block already holds
    carries the chain on through that block. */
@@ -6075,24 +6355,8 @@ static inline void kva__publish_blocks(kva_cache *c, const kva__seq *s, const in
     const int32_t *tok = tokens + (size_t)i * (size_t)c->bs;
     int32_t b = s->table[i], have = kva__prefix_find(c, parent, parent_gen, salt, tok);
     if (have < 0 && !c->blk[b].published) {
-      kva__block *k = &c->blk[b];
-      k->published = 1;
       for (w = 0; w < c->n_spans; w++) kva__span_publish(&c->spans[w], b, kva__span_table(c, s, w)[i]);
-      k->pub_gen = ++c->pub_counter;
-      k->parent = parent;
-      k->parent_gen = parent_gen;
-      k->salt = salt;
-      k->hash = kva__prefix_hash(parent, parent_gen, salt, tok, c->bs);
-      memcpy(c->blk_tokens + (size_t)b * (size_t)c->bs, tok, (size_t)c->bs * sizeof(int32_t));
-      k->hnext = c->buckets[k->hash & c->bucket_mask];
-      c->buckets[k->hash & c->bucket_mask] = b;
-      k->first_child = k->prev_sib = -1;
-      k->next_sib = -1;
-      if (parent >= 0) {
-        k->next_sib = c->blk[parent].first_child;
-        if (k->next_sib >= 0) c->blk[k->next_sib].prev_sib = b;
-        c->blk[parent].first_child = b;
-      }
+      kva__publish_one(c, b, parent, salt, tok);
       have = b;
     } else if (have < 0) {
       break; /* published under another key: the chain under this key ends here */
@@ -6100,6 +6364,33 @@ static inline void kva__publish_blocks(kva_cache *c, const kva__seq *s, const in
     parent = have; /* the canonical block of this key carries the chain on */
     parent_gen = c->blk[have].pub_gen;
   }
+}
+
+/* Block i of a prefix (token ids tok) that memory does not hold, from the
+   tier: asked by its key, verified, then copied into a block of the pool
+   (a free one, else the least recently used cached one, which spills) and
+   published under parent. The block comes back held once; -1: a miss. */
+static inline int32_t kva__tier_fetch(kva_cache *c, int i, int32_t parent, uint64_t salt, const int32_t *tok) {
+  uint8_t parent_key[32], key[32];
+  size_t size = 0;
+  int32_t b;
+  if (c->n_free + c->n_cached == 0) return -1; /* nowhere to put it */
+  if (parent >= 0) memcpy(parent_key, c->blk[parent].key, 32);
+  else memset(parent_key, 0, 32);
+  kva_prefix_key(parent >= 0 ? parent_key : NULL, salt, tok, c->bs, key);
+  if (c->fetch(c->tier_user, key, c->tier_in, c->tier_bytes, &size) != KVA_OK) {
+    c->tier_fetch_misses++;
+    return -1;
+  }
+  if (size > c->tier_bytes || !kva__tier_record_ok(c, c->tier_in, size, key, parent_key, salt, tok)) {
+    c->tier_fetch_refused++;
+    return -1;
+  }
+  b = kva__block_take(c);
+  kva__tier_decode(c, b, c->tier_in, i);
+  kva__publish_one(c, b, parent, salt, tok);
+  c->tier_fetch_hits++;
+  return b;
 }
 
 /* Make the full blocks holding the first n_tokens tokens reusable under
@@ -6149,6 +6440,24 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
   s = kva__seq_alloc(c, &id);
   if (!s) return kva__refuse(c, KVA_ERR_SEQ_LIMIT, __func__, "max_seqs sequences are live");
   max_blocks = n_tokens > 0 ? (n_tokens - 1) / c->bs : 0;
+  if (c->fetch) { /* a prefix tier: each block held as it is found, so a fetch's new block never recycles one */
+    for (i = 0; i < max_blocks; i++) {
+      const int32_t *tok = tokens + (size_t)i * (size_t)c->bs;
+      int32_t b = kva__prefix_find(c, parent, parent_gen, salt, tok);
+      if (b >= 0) kva__block_ref(c, b);
+      else if ((b = kva__tier_fetch(c, i, parent, salt, tok)) < 0) break;
+      c->blk[b].last_use = c->append_counter;
+      s->table[s->n_blocks++] = b;
+      parent = b;
+      parent_gen = c->blk[b].pub_gen;
+    }
+    s->len = s->pos = s->n_blocks * c->bs; /* (no layer groups with a tier) */
+    c->prefix_queries += n_tokens;
+    c->prefix_hits += s->len;
+    *seq = id;
+    *n_reused = s->len;
+    return KVA_OK;
+  }
   for (i = 0; i < max_blocks; i++) {
     int32_t b = kva__prefix_find(c, parent, parent_gen, salt, tokens + (size_t)i * (size_t)c->bs);
     if (b < 0) break;
@@ -6184,10 +6493,15 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
 KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
   int b;
   KVA__REFUSE(c, !c, KVA_ERR_ARG);
+  c->tier_quiet = 1; /* forgotten on purpose: nothing goes to the tier */
   for (b = 0; b < c->n_blocks; b++)
     if (c->blk[b].published) kva__unpublish(c, b);
+  c->tier_quiet = 0;
   return KVA_OK;
 }
+
+/* Bytes of one prefix-tier record of this cache (0: the cache has no tier). */
+KVA_API size_t kva_prefix_record_size(const kva_cache *c) { return c && c->spill ? c->tier_bytes : 0; }
 
 /* --- sequence streams (kva_seq_export / kva_seq_import) ---
    A sequence's whole state as bytes, in the writer's byte order:
@@ -7864,6 +8178,11 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
     st->bytes_used += sp->block_bytes * (size_t)used;
     st->bytes_meta += sp->block_bytes;
   }
+  st->tier_spills = c->tier_spills;
+  st->tier_spill_errors = c->tier_spill_errors;
+  st->tier_fetch_hits = c->tier_fetch_hits;
+  st->tier_fetch_misses = c->tier_fetch_misses;
+  st->tier_fetch_refused = c->tier_fetch_refused;
   st->demote_blocks = c->dm_blocks;
   st->demote_blocks_used = c->dm_blocks - c->dm_n_free;
   st->demote_block_bytes = kva__demote_block_bytes(c);
