@@ -1,0 +1,90 @@
+/* tier_dir.h - a prefix tier in a directory of files, for kva_cache_desc.spill
+   and fetch (docs/API.md, "Prefix tier"): one file per block record, named by
+   its key in hex. A record is written to a temporary name and renamed, so a
+   crash never leaves half a record under a real name, and processes sharing
+   the directory (on one machine, or over a network file system) see whole
+   records or none; two writers of one key write the same record.
+
+       tier_dir d;
+       if (!tier_dir_open(&d, "/var/cache/kvattn")) ...;
+       desc.spill = tier_dir_spill; desc.fetch = tier_dir_fetch; desc.tier_user = &d;
+
+   POSIX (mkdir, getpid); C stdio for the files. */
+#ifndef KVATTN_TIER_DIR_H
+#define KVATTN_TIER_DIR_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "kvattn.h"
+
+typedef struct {
+  char dir[1024];
+  unsigned long temp_counter; /* temporary names: pid and a counter, unique per process */
+  long writes, write_errors, reads, read_misses;
+} tier_dir;
+
+/* Use (and create, one level) the directory; 0 if it cannot be used. */
+static inline int tier_dir_open(tier_dir *d, const char *dir) {
+  struct stat sb;
+  memset(d, 0, sizeof *d);
+  if (strlen(dir) + 80 >= sizeof d->dir) return 0;
+  strcpy(d->dir, dir);
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) return 0;
+  return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static inline void tier_dir__path(const tier_dir *d, const uint8_t key[32], char *path, size_t cap) {
+  char hex[65];
+  int i;
+  for (i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  snprintf(path, cap, "%s/%s.kvpb", d->dir, hex);
+}
+
+static kva_status tier_dir_spill(void *user, const uint8_t key[32], const void *rec, size_t size) {
+  tier_dir *d = (tier_dir *)user;
+  char path[1200], temp[1300];
+  FILE *f;
+  int ok;
+  tier_dir__path(d, key, path, sizeof path);
+  snprintf(temp, sizeof temp, "%s.tmp.%ld.%lu", path, (long)getpid(), d->temp_counter++);
+  d->writes++;
+  f = fopen(temp, "wb");
+  if (!f) {
+    d->write_errors++;
+    return KVA_ERR_FULL;
+  }
+  ok = fwrite(rec, 1, size, f) == size;
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(temp, path) != 0) { /* the real name only ever names a whole record */
+    remove(temp);
+    d->write_errors++;
+    return KVA_ERR_FULL;
+  }
+  return KVA_OK;
+}
+
+static kva_status tier_dir_fetch(void *user, const uint8_t key[32], void *rec, size_t cap, size_t *size) {
+  tier_dir *d = (tier_dir *)user;
+  char path[1200];
+  FILE *f;
+  size_t n;
+  tier_dir__path(d, key, path, sizeof path);
+  d->reads++;
+  f = fopen(path, "rb");
+  if (!f) {
+    d->read_misses++;
+    return KVA_ERR_ARG; /* not there: a miss */
+  }
+  n = fread(rec, 1, cap, f);
+  if (n == cap && fgetc(f) != EOF) n = cap + 1; /* longer than any record of this cache: the cache refuses it */
+  fclose(f);
+  *size = n;
+  return KVA_OK;
+}
+
+#endif /* KVATTN_TIER_DIR_H */
