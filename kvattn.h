@@ -8145,6 +8145,7 @@ KVA_API kva_status kva_mla_forward(const kva_mla_layer *L, kva_cache *c, int seq
 
 /* One demoted block over all layers: rows, and the positions beside them */
 static inline size_t kva__demote_block_bytes(const kva_cache *c) {
+  if (c->dm_blocks == 0) return 0; /* no demoted pool */
   return (size_t)c->n_layers * (c->dm_block + (size_t)c->G * (size_t)c->bs * sizeof(int32_t));
 }
 

@@ -5,12 +5,13 @@
  *   ./build/fuzz_paged -max_total_time=30          (or: make fuzz)
  *
  * The first bytes pick a small cache (layers, heads, dims, block size, pool
- * size, max_seqs, prefix_max_age, F32/F16/BF16, token vocabulary, salts); the
- * rest drive the shadow model of paged_model.h, byte by byte: which operation
- * (new, new_prefix, prefill, append incl. 0 / pool-exhausting / negative
- * sizes, store, fork, free, publish + immediate re-query, truncate,
- * attend_cache vs the double reference, fits, reset_prefix, stale ids) on
- * which sequence with which sizes and tokens.  After every operation the
+ * size, max_seqs, prefix_max_age, F32/F16/BF16, token vocabulary, salts,
+ * evict_support, a demoted pool); the rest drive the shadow model of
+ * paged_model.h, byte by byte: which operation (new, new_prefix, prefill,
+ * append incl. 0 / pool-exhausting / negative sizes, store, fork, free,
+ * publish + immediate re-query, truncate, attend_cache vs the double
+ * reference, fits, reset_prefix, stale ids, eviction policies with demotion,
+ * compress, export) on which sequence with which sizes and tokens.  After every operation the
  * model checks the stats invariants and the exact read-back of every live
  * sequence; on KVA_ERR_FULL, that nothing changed.  A violated check prints
  * what and traps; ASan/UBSan/LeakSanitizer catch the rest. */
@@ -61,6 +62,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.vocab = 1 + data[5] % 3;
   cfg.n_salts = 1 + (data[5] / 3) % 4;
   cfg.evict_support = (data[5] / 12) % 3;
+  if (cfg.evict_support != KVA_EVICT_SUPPORT_NONE) { /* a demoted pool: none, F32, F16 or BF16, small or default */
+    static const kva_dtype dtypes[4] = {KVA_DTYPE_DEFAULT, KVA_F32, KVA_F16, KVA_BF16};
+    cfg.demote_dtype = dtypes[(data[3] / 5) % 4];
+    cfg.demote_blocks = (data[2] / 12) % 4;
+  }
   for (i = 0; i < size; i++) seed = (seed ^ data[i]) * 0x100000001B3ULL;
   memset(&src, 0, sizeof src);
   kt_seed(&src.rng, seed); /* K/V and query values */

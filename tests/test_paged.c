@@ -75,18 +75,21 @@ static int pg_stats_same(const kva_cache_stats *a, const kva_cache_stats *b) { r
 /* ---------------------------------------------------------------- random */
 
 static void pg_random(void) {
+  /* evict_support is set below; a demoted pool needs ALL or WINDOW (configs 0, 1, 3, 6) */
   static const pm_config cfgs[] = {
-      /* L  G  D  DV H   bs nb  seqs age dtype          vocab salts */
-      {2, 2, 3, 2, 4, 4, 24, 6, 0, KVA_F32, 3, 3, 0},
-      {1, 1, 4, 0, 3, 3, 16, 5, 5, KVA_F16, 2, 2, 0},
-      {2, 1, 2, 3, 2, 1, 20, 4, 0, KVA_F32, 4, 2, 0},
-      {1, 2, 8, 8, 8, 16, 6, 8, 2, KVA_F32, 2, 2, 0},
-      {1, 1, 3, 0, 1, 5, 10, 3, 0, KVA_DTYPE_DEFAULT, 2, 4, 0},
-      {3, 2, 1, 1, 2, 2, 40, 10, 7, KVA_F32, 2, 3, 0},
-      {2, 4, 4, 2, 8, 7, 30, 12, 0, KVA_BF16, 2, 2, 0},
+      /* L  G  D  DV H   bs nb  seqs age dtype          vocab salts  evict demote   demote_blocks */
+      {2, 2, 3, 2, 4, 4, 24, 6, 0, KVA_F32, 3, 3, 0, KVA_F16, 0},
+      {1, 1, 4, 0, 3, 3, 16, 5, 5, KVA_F16, 2, 2, 0, KVA_F32, 4},
+      {2, 1, 2, 3, 2, 1, 20, 4, 0, KVA_F32, 4, 2, 0, KVA_DTYPE_DEFAULT, 0},
+      {1, 2, 8, 8, 8, 16, 6, 8, 2, KVA_F32, 2, 2, 0, KVA_BF16, 2},
+      {1, 1, 3, 0, 1, 5, 10, 3, 0, KVA_DTYPE_DEFAULT, 2, 4, 0, KVA_DTYPE_DEFAULT, 0},
+      {3, 2, 1, 1, 2, 2, 40, 10, 7, KVA_F32, 2, 3, 0, KVA_DTYPE_DEFAULT, 0},
+      {2, 4, 4, 2, 8, 7, 30, 12, 0, KVA_BF16, 2, 2, 0, KVA_F32, 3},
   };
   int i, n = (int)(sizeof cfgs / sizeof cfgs[0]);
   long ops = 0, full = 0, hits = 0, cow = 0, lower = 0, attend = 0, never = 0, later = 0;
+  long pol = 0, evicted = 0, demoted = 0, dropped = 0, sfail = 0, dfull = 0, refused = 0, compress = 0, dattend = 0,
+       uneven = 0;
   kt_begin("paged random");
   for (i = 0; i < n; i++) {
     pm_model m;
@@ -99,6 +102,23 @@ static void pg_random(void) {
     if (getenv("KVA_TEST_VERBOSE"))
       fprintf(stderr, "    config %d: %ld ops, %ld full, %ld reused, %ld cow, %ld probes, %ld attends, %ld never, %ld later\n",
               i, m.n_ops, m.n_full, m.n_hit_tokens, m.n_cow, m.n_lower, m.n_attend, m.n_never, m.n_later);
+    if (getenv("KVA_TEST_VERBOSE"))
+      fprintf(stderr,
+              "    config %d: %ld policies, %ld evictions (%ld tokens), %ld demoted, %ld dropped from the ring, "
+              "%ld scorer refusals, %ld demoted pool short, %ld refusals, %ld compressions, %ld attends over "
+              "demoted, %ld plans with uneven heads\n",
+              i, m.n_policies, m.n_evictions, m.n_evicted, m.n_demoted, m.n_dropped, m.n_score_fail, m.n_dm_full,
+              m.n_refused, m.n_compress, m.n_dm_attend, m.n_uneven);
+    pol += m.n_policies;
+    evicted += m.n_evicted;
+    demoted += m.n_demoted;
+    dropped += m.n_dropped;
+    sfail += m.n_score_fail;
+    dfull += m.n_dm_full;
+    refused += m.n_refused;
+    compress += m.n_compress;
+    dattend += m.n_dm_attend;
+    uneven += m.n_uneven;
     ops += m.n_ops;
     full += m.n_full;
     hits += m.n_hit_tokens;
@@ -113,6 +133,12 @@ static void pg_random(void) {
            "coverage: %ld ops, %ld KVA_ERR_FULL, %ld reused tokens, %ld CoW copies, %ld post-publish probes, "
            "%ld attends, %ld NEVER, %ld LATER",
            ops, full, hits, cow, lower, attend, never, later);
+  KT_CHECK(pol > 0 && evicted > 0 && demoted > 0 && dropped > 0 && sfail > 0 && dfull > 0 && refused > 0 &&
+               compress > 0 && dattend > 0 && uneven > 0,
+           "eviction coverage: %ld policies, %ld evicted, %ld demoted, %ld dropped from a ring, %ld scorer refusals, "
+           "%ld demoted pool short, %ld refusals after eviction, %ld compressions, %ld attends over demoted tokens, "
+           "%ld evictions the fewest head limited",
+           pol, evicted, demoted, dropped, sfail, dfull, refused, compress, dattend, uneven);
   if (getenv("KVA_TEST_VERBOSE"))
     fprintf(stderr,
             "  paged random: %ld ops, %ld KVA_ERR_FULL, %ld reused tokens, %ld CoW copies, %ld probes, %ld attends, "

@@ -15,10 +15,10 @@
 
 void test_paged_weak(void) {
   static const pm_config cfgs[] = {
-      /* L  G  D  DV H  bs nb  seqs age dtype    vocab salts */
-      {1, 1, 2, 0, 2, 2, 32, 8, 0, KVA_F32, 2, 3, 0},
-      {2, 2, 2, 3, 4, 3, 24, 6, 4, KVA_F32, 2, 2, 0},
-      {1, 1, 3, 0, 1, 1, 24, 6, 0, KVA_F16, 3, 4, 0},
+      /* L  G  D  DV H  bs nb  seqs age dtype    vocab salts evict demote */
+      {1, 1, 2, 0, 2, 2, 32, 8, 0, KVA_F32, 2, 3, 0, KVA_DTYPE_DEFAULT, 0},
+      {2, 2, 2, 3, 4, 3, 24, 6, 4, KVA_F32, 2, 2, 0, KVA_F16, 0},
+      {1, 1, 3, 0, 1, 1, 24, 6, 0, KVA_F16, 3, 4, 0, KVA_DTYPE_DEFAULT, 0},
   };
   int i, n = (int)(sizeof cfgs / sizeof cfgs[0]);
   long hits = 0;
