@@ -10,7 +10,8 @@
    Run it twice with the same directory: the second process never computed
    the prompt, and its very first lookup finds it in the files.
 
-   usage: prefix_tier [DIR]   (without DIR: a new directory under $TMPDIR or /tmp, removed at the end) */
+   usage: prefix_tier [DIR]   (without DIR: a new directory in $TMPDIR, else in the current directory,
+                               removed at the end) */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdio.h>
@@ -97,9 +98,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!dir) {
-    snprintf(own, sizeof own, "%s/kvattn_tier_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    snprintf(own, sizeof own, "%s/kvattn_tier_XXXXXX", tmp && *tmp ? tmp : ".");
     if (!mkdtemp(own)) {
-      fprintf(stderr, "prefix_tier: cannot make a directory under %s (set TMPDIR, or give DIR)\n", tmp ? tmp : "/tmp");
+      fprintf(stderr, "prefix_tier: cannot make a directory in %s (set TMPDIR, or give DIR)\n", tmp && *tmp ? tmp : ".");
       return 1;
     }
     dir = own;
