@@ -606,6 +606,7 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
                                       int *n_reused);
 KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
 KVA_API size_t kva_prefix_record_size(const kva_cache *c);
+KVA_API kva_status kva_prefix_save(kva_cache *c, int *n_saved);
 KVA_API void kva_prefix_key(const uint8_t parent[32], uint64_t salt, const int32_t *tokens, int n_tokens,
                             uint8_t key[32]);
 KVA_API void kva_sha256(const void *data, size_t n, uint8_t digest[32]);
@@ -6502,6 +6503,32 @@ KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
 
 /* Bytes of one prefix-tier record of this cache (0: the cache has no tier). */
 KVA_API size_t kva_prefix_record_size(const kva_cache *c) { return c && c->spill ? c->tier_bytes : 0; }
+
+/* Hand every published block to the tier's spill, keeping it (a shutdown's
+   save: a later process fetches them); parents before their children.
+   *n_saved: the records spill accepted. */
+KVA_API kva_status kva_prefix_save(kva_cache *c, int *n_saved) {
+  int32_t *stack;
+  int b, top, saved = 0;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !n_saved, KVA_ERR_ARG);
+  KVA__REFUSE_WHY(c, !c->spill, KVA_ERR_UNSUPPORTED, "the cache has no prefix tier (kva_cache_desc.spill)");
+  stack = c->victims; /* n_blocks * bs >= published blocks */
+  for (b = 0; b < c->n_blocks; b++) {
+    if (!c->blk[b].published || c->blk[b].parent >= 0) continue;
+    top = 0;
+    stack[top++] = b;
+    while (top > 0) { /* depth first from each first block: a parent before its children */
+      int32_t x = stack[--top], ch;
+      long errors = c->tier_spill_errors;
+      kva__tier_spill(c, x);
+      saved += c->tier_spill_errors == errors;
+      for (ch = c->blk[x].first_child; ch >= 0; ch = c->blk[ch].next_sib) stack[top++] = ch;
+    }
+  }
+  *n_saved = saved;
+  return KVA_OK;
+}
 
 /* --- sequence streams (kva_seq_export / kva_seq_import) ---
    A sequence's whole state as bytes, in the writer's byte order:

@@ -443,8 +443,64 @@ static void tt_refusals(void) {
   tt_store_free(&st);
 }
 
+/* kva_prefix_save: every published block to the tier, kept in memory; a new
+   cache (a restarted process) over the same store starts warm */
+static void tt_save(void) {
+  tt_store st;
+  kva_cache *c, *next;
+  kva_cache_desc d;
+  kva_cache_stats cs;
+  int32_t tok[21];
+  float k1[TT_G * TT_D], v1[TT_G * TT_D], k2[TT_G * TT_D], v2[TT_G * TT_D];
+  int32_t pos[TT_G];
+  int a = -1, b = -1, i, saved = -1, reused = 0, j;
+  kt_begin("tier save");
+  tt_store_init(&st);
+  c = tt_cache(&st, KVA_BF16, 16, 0);
+  if (!c) return;
+  for (i = 0; i < 21; i++) tok[i] = 3 * i + 1;
+  KT_STATUS(kva_seq_new(c, &a), KVA_OK);
+  KT_STATUS(kva_seq_append(c, a, 21), KVA_OK);
+  tt_store_rows(c, a, 0, 21, 77u);
+  KT_STATUS(kva_seq_publish(c, a, tok, 20, 9), KVA_OK);
+  KT_STATUS(kva_seq_publish(c, a, tok, 8, 10), KVA_OK); /* another tenant's chain of 2 */
+  KT_STATUS(kva_prefix_save(c, &saved), KVA_OK);
+  kva_cache_get_stats(c, &cs);
+  KT_CHECK(saved == 5 && st.n == 5 && cs.blocks_cached + cs.blocks_used == 6 && cs.prefix_forgotten == 0,
+           "saved %d, %d records, %d blocks still in memory", saved, st.n, cs.blocks_cached + cs.blocks_used);
+  memset(&d, 0, sizeof d);
+  d.n_layers = TT_L, d.n_kv_heads = TT_G, d.head_dim = TT_D, d.block_size = TT_BS, d.n_blocks = 8;
+  d.dtype = KVA_BF16, d.k_scale = d.v_scale = 0.25f;
+  d.spill = tt_spill, d.fetch = tt_fetch, d.tier_user = &st;
+  KT_STATUS(kva_cache_create(&d, &next), KVA_OK);
+  if (next) {
+    KT_STATUS(kva_seq_new_prefix(next, tok, 21, 9, &b, &reused), KVA_OK);
+    KT_CHECK(reused == 20, "the restarted cache reused %d tokens", reused);
+    for (j = 0; j < reused; j++) {
+      KT_STATUS(kva_seq_read(c, a, 1, j, k1, v1, pos), KVA_OK);
+      KT_STATUS(kva_seq_read(next, b, 1, j, k2, v2, pos), KVA_OK);
+      KT_CHECK(memcmp(k1, k2, sizeof k1) == 0 && memcmp(v1, v2, sizeof v1) == 0, "token %d differs", j);
+    }
+    kva_cache_destroy(next);
+  }
+  st.fail_spill = 1;
+  KT_STATUS(kva_prefix_save(c, &saved), KVA_OK);
+  KT_CHECK(saved == 0, "a failing store saved %d", saved);
+  KT_STATUS(kva_prefix_save(c, NULL), KVA_ERR_ARG);
+  KT_STATUS(kva_prefix_save(NULL, &saved), KVA_ERR_ARG);
+  kva_cache_destroy(c);
+  d.spill = NULL, d.fetch = NULL;
+  KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
+  if (c) {
+    KT_STATUS(kva_prefix_save(c, &saved), KVA_ERR_UNSUPPORTED);
+    kva_cache_destroy(c);
+  }
+  tt_store_free(&st);
+}
+
 void test_tier(void) {
   tt_sha();
+  tt_save();
   tt_roundtrip();
   tt_attention();
   tt_refusals();
