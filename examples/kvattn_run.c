@@ -11,6 +11,7 @@
    `kvattn_run --help` lists every option. */
 #include "llm.h"
 #include "needle.h"
+#include "tier_dir.h"
 
 #define MAX_CONFIGS 64
 
@@ -46,6 +47,7 @@ typedef struct {
   int threads, block_size, chunk, max_batch, kv_blocks;
   int int_scores, int_values, rotate; /* kva_attn.int_scores, int_values; kva_cache_desc.rotate */
   kva_dtype demote;                   /* --demote TYPE (DEFAULT: none) */
+  const char *prefix_dir;             /* --prefix-dir: --serve's prefix tier in a directory */
   int demote_budget;                  /* --demote TYPE:MAX */
   int select_budget, select_sink, select_recent; /* kva_attn.select_*; the cache keeps block bounds */
   const char *ppl, *ppl_tokens, *serve, *logits_tokens, *needle;
@@ -104,6 +106,9 @@ static void usage(FILE *f) {
           "                over POOL slots (odd, default 7); generation and --needle only\n"
           "                BUDGET is a token count or a percentage (20%%) of the window (--ppl), of the\n"
           "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n"
+          "  --prefix-dir DIR   (--serve) a prefix tier in DIR: published blocks the pool forgets are written\n"
+          "                there, lookups read them back, and the run ends by saving every published block,\n"
+          "                so a second run of the same prompts starts warm\n"
           "  --demote TYPE[:MAX]   every --evict policy keeps the tokens it evicts, converted to TYPE (f32,\n"
           "                f16, bf16, int8, int4), and still attends them; at most MAX of them (default: no\n"
           "                bound), the earliest demoted deleted first (--serve: not with h2o)\n"
@@ -227,6 +232,7 @@ static void parse_evict(const char *s, evict_spec *e) {
 }
 
 static llm_model model; /* the one model a run loads */
+static tier_dir tier;    /* --prefix-dir */
 
 /* The policy for a window of n tokens (percentages resolve against n). A scorer's state lives in
    st (the kept queries; SnapKV's compression budget): NULL where no scorer applies (--serve);
@@ -386,6 +392,7 @@ static void parse_args(int argc, char **argv, options *o) {
       else if (strcmp(v, "kv") == 0) o->rotate = KVA_ROTATE_K | KVA_ROTATE_V;
       else die("--rotate: '%s' is not none, k, v or kv", v);
     }
+    else if (strcmp(f, "--prefix-dir") == 0) o->prefix_dir = v;
     else if (strcmp(f, "--demote") == 0) {
       char buf[64], *c;
       if (strlen(v) >= sizeof buf) die("--demote: '%s' is too long", v);
@@ -430,6 +437,7 @@ static void parse_args(int argc, char **argv, options *o) {
           (o->needle != NULL) > 1)
     die("--ppl, --ppl-tokens, --serve, --logits-tokens and --needle are separate modes: give one");
   if (o->serve && strcmp(o->mode, "chat") == 0) die("--serve runs generate mode only (not -m chat)");
+  if (o->prefix_dir && !o->serve) die("--prefix-dir: the prefix tier is --serve's (give --serve FILE too)");
   if (o->serve && o->select_budget) die("--select: --serve attends through batch plans, which do not select blocks yet");
   if (o->n_dtypes == 0) o->dtypes[o->n_dtypes++] = KVA_F32;
   if (o->n_evict == 0) parse_evict("none", &o->evict[o->n_evict++]);
@@ -1060,6 +1068,11 @@ static void serve(const options *o, config *c, int steps) {
   max_rows = 256 > o->max_batch ? 256 : o->max_batch;
   n_blocks = o->kv_blocks ? o->kv_blocks
                           : o->max_batch * llm_blocks_for(&c->cache, (long)steps + 1) + llm_blocks_for(&c->cache, lcp);
+  if (o->prefix_dir) { /* published blocks the pool forgets go to files; lookups fetch them back */
+    if (!tier_dir_open(&tier, o->prefix_dir))
+      die("--prefix-dir: cannot use '%s' as a directory (create it, or give a writable one)", o->prefix_dir);
+    c->cache.spill = tier_dir_spill, c->cache.fetch = tier_dir_fetch, c->cache.tier_user = &tier;
+  }
   cache = make_cache(c, n_blocks, o->max_batch + 2);
   if (!llm_state_init(&st, &model, max_rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
@@ -1076,16 +1089,18 @@ static void serve(const options *o, config *c, int steps) {
   /* the shared prefix: computed once, published, held by its own sequence
      until the end (its blocks are never recycled) */
   if (n_req > 1 && lcp / bs > 0 && ev.kind == KVA_EVICT_NONE) {
-    int n_pub = lcp / bs * bs;
-    if (kva_seq_new(cache, &holder) != KVA_OK) die("cannot start a sequence");
-    if (llm_forward(&model, &st, cache, holder, rq[0].tok, n_pub, NULL, 0) != KVA_OK ||
+    int n_pub = lcp / bs * bs, have = 0;
+    /* (with --prefix-dir an earlier run may have left its blocks: all but what must be computed) */
+    if (kva_seq_new_prefix(cache, rq[0].tok, n_pub < rq[0].n_tok ? n_pub + 1 : n_pub, 0, &holder, &have) != KVA_OK)
+      die("cannot start a sequence");
+    if ((have < n_pub && llm_forward(&model, &st, cache, holder, rq[0].tok + have, n_pub - have, NULL, 0) != KVA_OK) ||
         kva_seq_publish(cache, holder, rq[0].tok, n_pub, 0) != KVA_OK) {
       kva_seq_free(cache, holder); /* the pool is too small for it: go without */
       holder = -1;
     } else {
-      computed += n_pub;
-      fprintf(stderr, "serve: %d requests share a %d-token prefix (%d tokens in full blocks cached)\n", n_req, lcp,
-              n_pub);
+      computed += n_pub - have;
+      fprintf(stderr, "serve: %d requests share a %d-token prefix (%d tokens in full blocks cached%s)\n", n_req, lcp,
+              n_pub, have ? ", found in --prefix-dir" : "");
     }
   }
   for (;;) {
@@ -1221,6 +1236,13 @@ static void serve(const options *o, config *c, int steps) {
             cs.prefix_queries, 100.0 * st.t_kva / (dt + 1e-12));
   }
   report_cache(cache, c);
+  if (o->prefix_dir) { /* what this run published, for the next one */
+    int saved = 0;
+    kva_prefix_save(cache, &saved);
+    kva_cache_get_stats(cache, &cs);
+    fprintf(stderr, "serve: --prefix-dir %s: %ld blocks fetched from it, %d saved to it (%zu-byte records)\n",
+            o->prefix_dir, cs.tier_fetch_hits, saved, kva_prefix_record_size(cache));
+  }
   if (holder >= 0) kva_seq_free(cache, holder);
   for (i = 0; i < n_req; i++) {
     free(rq[i].tok);

@@ -908,6 +908,10 @@ typedef struct {
   int block_bounds;              /* kva_cache_desc.block_bounds: key bounds per block, for block selection */
   kva_dtype demote_dtype;        /* kva_cache_desc.demote_dtype: a pool for tokens eviction demotes (DEFAULT: none) */
   int demote_blocks;             /* its blocks; 0 = n_blocks */
+  /* kva_cache_desc's prefix tier (NULL: none) */
+  kva_status (*spill)(void *user, const uint8_t key[32], const void *rec, size_t size);
+  kva_status (*fetch)(void *user, const uint8_t key[32], void *rec, size_t cap, size_t *size);
+  void *tier_user;
 } llm_cache_opts;
 
 static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, kva_cache_desc *d) {
@@ -931,6 +935,9 @@ static inline void llm__cache_desc(const llm_model *m, const llm_cache_opts *o, 
   d->block_bounds = o->block_bounds;
   d->demote_dtype = o->demote_dtype;
   d->demote_blocks = o->demote_blocks;
+  d->spill = o->spill;
+  d->fetch = o->fetch;
+  d->tier_user = o->tier_user;
 }
 
 /* Blocks that hold n tokens of one sequence (+1 for a partly filled tail). */
