@@ -560,6 +560,16 @@ s_example() {
     fi
 }
 
+# two processes share prefix blocks through a Redis server the script starts
+# and stops (examples/redis/prefix_redis.c, tests/redis_tier.sh)
+s_redis() {
+    need_header || return 1
+    mkdir -p "$BUILD/examples"
+    x "$CC" -std=c99 -O2 -Wall -Wextra -Werror -Iexamples -I. examples/redis/prefix_redis.c \
+        -o "$BUILD/examples/prefix_redis" -lhiredis -lm || return 1
+    run bash tests/redis_tier.sh "$BUILD/examples/prefix_redis"
+}
+
 # the bench builds warning-free and its quick summary runs with every check passing
 s_bench_smoke() {
     local out
@@ -1004,6 +1014,11 @@ fi
 for src in examples/*.c; do
     step "example-$(basename "$src" .c)" s_example "$src"
 done
+if have redis-server && [ -f /usr/include/hiredis/hiredis.h ]; then
+    step redis s_redis
+else
+    skip redis "install redis-server libhiredis-dev"
+fi
 step bench-smoke s_bench_smoke
 step repo-check s_repo_check
 step readme-commands s_readme_commands
