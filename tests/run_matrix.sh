@@ -567,6 +567,8 @@ s_redis() {
     mkdir -p "$BUILD/examples"
     x "$CC" -std=c99 -O2 -Wall -Wextra -Werror -Iexamples -I. examples/redis/prefix_redis.c \
         -o "$BUILD/examples/prefix_redis" -lhiredis -lm || return 1
+    x "$CC" -std=c99 -O2 -Wall -Wextra -Werror -Iexamples -I. examples/redis/prefix_ttft.c \
+        -o "$BUILD/examples/prefix_ttft" -lhiredis -lm || return 1   # a figure, run by hand (README)
     run bash tests/redis_tier.sh "$BUILD/examples/prefix_redis"
 }
 
