@@ -7358,6 +7358,9 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
         Pd.select_budget = 0;
         Pd.o_stride = (size_t)P.H * (size_t)P.DV;
         kva__demoted_view(c, s, layer, &wd);
+        wd.tree_parent = w.tree_parent; /* the queries sit where the tree puts them (no demoted key is a node) */
+        wd.tree_base = w.tree_base;
+        wd.tree_n = w.tree_n;
         kva__attend_all(&Pd, &wd, s->dm_len, q, n_q, NULL, (int32_t)(s->pos - n_q), dm, dm_lse, a->n_threads,
                         scratch, KVA__STACK_SCRATCH, n_q > 1 ? &from_cache : NULL);
         for (r = 0; r < rows; r++) {
@@ -7638,7 +7641,12 @@ KVA_API kva_status kva_batch_prepare(kva_cache *c, kva_batch *b, int layer, cons
     b->views[i].tree_parent = b->tree_parent ? b->tree_parent + b->q_row[i] : NULL;
     b->views[i].tree_base = (int32_t)(b->pos[i] - b->n_q[i]);
     b->views[i].tree_n = b->n_q[i];
-    if (s->dm_len > 0) kva__demoted_view(c, s, layer, &b->dm_views[i]);
+    if (s->dm_len > 0) { /* its queries where the tree puts them, as over the held keys */
+      kva__demoted_view(c, s, layer, &b->dm_views[i]);
+      b->dm_views[i].tree_parent = b->views[i].tree_parent;
+      b->dm_views[i].tree_base = b->views[i].tree_base;
+      b->dm_views[i].tree_n = b->views[i].tree_n;
+    }
   }
   b->layer = layer;
   b->q = q, b->out = out, b->lse = lse;

@@ -39,7 +39,8 @@ const char *kt_test_name;
   X(tree) X(seqio)     \
   X(groups)            \
   X(rotate) X(int4)   \
-  X(iscores) X(ivalues) X(select) X(scorers) X(errors) X(seqmem)
+  X(demote)            \
+  X(iscores) X(ivalues) X(select) X(scorers) X(errors) X(seqmem) X(tier)
 #endif
 
 #define KT_DECLARE(name) void test_##name(void);
