@@ -13,7 +13,6 @@
    usage: prefix_tier [DIR]   (without DIR: a new directory in $TMPDIR, else in the current directory,
                                removed at the end) */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,20 +21,6 @@
 #include "kvattn.h"
 #include "tier_demo.h"
 #include "tier_dir.h"
-
-/* A directory of this run's own: its records, then itself, go at the end */
-static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  struct dirent *e;
-  char path[1400];
-  while (d && (e = readdir(d)) != NULL)
-    if (strstr(e->d_name, ".kvpb")) {
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      remove(path);
-    }
-  if (d) closedir(d);
-  rmdir(dir);
-}
 
 int main(int argc, char **argv) {
   char own[1100];
@@ -91,7 +76,7 @@ int main(int argc, char **argv) {
   printf("request C's output is bit for bit the one computed from scratch\n");
   kva_cache_destroy(c);
   demo_free();
-  if (dir == own) remove_dir(own);
+  if (dir == own) tier_dir_remove(own);
   else printf("the records stay in %s: run again with it to start warm\n", dir);
   return 0;
 }

@@ -13,6 +13,7 @@
 #ifndef KVATTN_TIER_DIR_H
 #define KVATTN_TIER_DIR_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -85,6 +86,20 @@ static kva_status tier_dir_fetch(void *user, const uint8_t key[32], void *rec, s
   fclose(f);
   *size = n;
   return KVA_OK;
+}
+
+/* Remove the records (*.kvpb) in dir, then dir itself if that leaves it empty: a scratch tier's cleanup */
+static inline void tier_dir_remove(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  char path[1400];
+  while (d && (e = readdir(d)) != NULL)
+    if (strstr(e->d_name, ".kvpb")) {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      remove(path);
+    }
+  if (d) closedir(d);
+  rmdir(dir);
 }
 
 #endif /* KVATTN_TIER_DIR_H */

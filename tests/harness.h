@@ -197,4 +197,30 @@ static inline int kt_stats_equal(const kva_cache_stats *a, const kva_cache_stats
          (skip_failed || a->appends_failed == b->appends_failed) && a->prefix_forgotten == b->prefix_forgotten;
 }
 
+/* An allocator for kva_cache_desc.alloc_fn / free_fn that counts what it
+   hands out and can refuse (fail = 1), 64-byte or any alignment. */
+typedef struct {
+  int fail;
+  long takes, gives, refused;
+} kt_heap;
+static inline void *kt_heap_alloc(size_t size, size_t align, void *user) {
+  kt_heap *h = (kt_heap *)user;
+  unsigned char *raw, *al;
+  if (h->fail) {
+    h->refused++;
+    return NULL;
+  }
+  raw = KT_ALLOC(unsigned char, size + align + sizeof(void *));
+  al = raw + sizeof(void *);
+  al += (align - (uintptr_t)al % align) % align;
+  ((void **)al)[-1] = raw;
+  h->takes++;
+  return al;
+}
+static inline void kt_heap_free(void *p, size_t size, void *user) {
+  kt_heap *h = (kt_heap *)user;
+  (void)size;
+  if (p) free(((void **)p)[-1]), h->gives++;
+}
+
 #endif /* KVATTN_TEST_HARNESS_H */

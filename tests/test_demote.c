@@ -2353,38 +2353,13 @@ static void dm_compress(void) {
 /* ------------------------------------------------------------------------ */
 /* Working memory of a call on a sequence holding demoted tokens             */
 
-typedef struct {
-  int fail;
-  long takes, gives, refused;
-} dm_heap;
-
-static void *dm_heap_alloc(size_t size, size_t align, void *user) {
-  dm_heap *h = (dm_heap *)user;
-  unsigned char *raw, *al;
-  if (h->fail) {
-    h->refused++;
-    return NULL;
-  }
-  raw = KT_ALLOC(unsigned char, size + align + sizeof(void *));
-  al = raw + sizeof(void *);
-  al += (align - (uintptr_t)al % align) % align;
-  ((void **)al)[-1] = raw;
-  h->takes++;
-  return al;
-}
-
-static void dm_heap_free(void *p, size_t size, void *user) {
-  dm_heap *h = (dm_heap *)user;
-  (void)size;
-  if (p) free(((void **)p)[-1]), h->gives++;
-}
 
 static void dm_nomem(void) {
   enum { L = 1, G = 2, D = 64, grp = 4, P = 128 };
   kva_cache_desc d;
   kva_cache *c = NULL;
   kva_evict e = dm_policy(KVA_EVICT_WINDOW, 20, 0, 0, 0, KVA_F16, 0, NULL);
-  dm_heap h;
+  kt_heap h;
   dm_run x;
   dm_attn_opt ao;
   kt_rng r;
@@ -2395,7 +2370,7 @@ static void dm_nomem(void) {
   memset(&h, 0, sizeof h);
   kt_desc_init(&d, L, G, D, 4, 32, 4, KVA_F16);
   d.demote_dtype = KVA_F16, d.demote_blocks = 8;
-  d.alloc_fn = dm_heap_alloc, d.free_fn = dm_heap_free, d.user = &h;
+  d.alloc_fn = kt_heap_alloc, d.free_fn = kt_heap_free, d.user = &h;
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
   if (!c) return;
   kt_seed(&r, 0x703E);

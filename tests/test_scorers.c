@@ -1451,36 +1451,12 @@ static void sc_paths_full(void) {
   kva_cache_destroy(c);
 }
 
-typedef struct {
-  int fail;
-  long takes, refused;
-} sc_heap;
-
-static void *sc_heap_alloc(size_t size, size_t align, void *user) {
-  sc_heap *h = (sc_heap *)user;
-  unsigned char *raw, *al;
-  if (h->fail) {
-    h->refused++;
-    return NULL;
-  }
-  raw = KT_ALLOC(unsigned char, size + align + sizeof(void *));
-  al = raw + sizeof(void *);
-  al += (align - (uintptr_t)al % align) % align;
-  ((void **)al)[-1] = raw;
-  h->takes++;
-  return al;
-}
-
-static void sc_heap_free(void *p, size_t size, void *user) {
-  (void)size, (void)user;
-  if (p) free(((void **)p)[-1]);
-}
 
 /* The scoring copies come from alloc_fn: when it fails, KVA_ERR_NOMEM and nothing changes. */
 static void sc_paths_nomem(void) {
   enum { L = 2, G = 2, D = 8, TP = 64 };
   float tab[L * G * TP];
-  sc_heap h;
+  kt_heap h;
   sc_user u;
   sc_run x;
   kva_evict e;
@@ -1492,7 +1468,7 @@ static void sc_paths_nomem(void) {
   kt_begin("scorers: the scorer's copies come from alloc_fn (KVA_ERR_NOMEM changes nothing)");
   memset(&h, 0, sizeof h);
   kt_desc_init(&d, L, G, D, 4, 32, 4, KVA_F16);
-  d.alloc_fn = sc_heap_alloc, d.free_fn = sc_heap_free, d.user = &h;
+  d.alloc_fn = kt_heap_alloc, d.free_fn = kt_heap_free, d.user = &h;
   KT_STATUS(kva_cache_create(&d, &c), KVA_OK);
   if (!c) return;
   kt_seed(&r, 0x0E);

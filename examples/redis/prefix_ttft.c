@@ -15,7 +15,6 @@
 
    Build: cc -std=c99 -O2 -march=native -Iexamples -I. examples/redis/prefix_ttft.c -lhiredis -lm */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,18 +145,7 @@ int main(int argc, char **argv) {
   for (mode = 0; mode < 4; mode++) printf("  %-26s %.4f\n", what[mode], med[mode] / med[3]);
   printf("(Redis: %ld blocks fetched over the runs; every reuse bit for bit the recomputed logits)\n",
          cs.tier_fetch_hits);
-  { /* the directory's records, then itself */
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char path[1400];
-    while (d && (e = readdir(d)) != NULL)
-      if (strstr(e->d_name, ".kvpb")) {
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        remove(path);
-      }
-    if (d) closedir(d);
-    rmdir(dir);
-  }
+  tier_dir_remove(dir);
   tier_redis_close(&tr);
   llm_state_free(&st);
   llm_model_free(&model);
