@@ -141,7 +141,7 @@ build_tests() {
 # its lock and reuse the object).
 OWN_COPY_SRCS=(tests/test_attend.c tests/test_batch.c tests/test_paged.c tests/test_paged_weak.c
                tests/test_iscores.c tests/test_ivalues.c tests/test_select.c tests/test_kernels.c tests/test_rotate.c
-               tests/test_seqio.c)
+               tests/test_seqio.c tests/test_tier.c)
 own_copy() {
     local s
     for s in "${OWN_COPY_SRCS[@]}"; do [ "$s" = "$1" ] && return 0; done
