@@ -560,6 +560,15 @@ s_example() {
     fi
 }
 
+# the directory prefix tier under concurrent and crashed writers (tests/tier_dir.sh)
+s_tier_dir() {
+    need_header || return 1
+    mkdir -p "$BUILD/examples"
+    # shellcheck disable=SC2086  # EXAMPLE_CFLAGS is a word list
+    x "$CC" $EXAMPLE_CFLAGS -I. examples/prefix_tier.c -o "$BUILD/examples/prefix_tier_dir" -lm || return 1
+    run bash tests/tier_dir.sh "$BUILD/examples/prefix_tier_dir"
+}
+
 # two processes share prefix blocks through a Redis server the script starts
 # and stops (examples/redis/prefix_redis.c, tests/redis_tier.sh)
 s_redis() {
@@ -1016,6 +1025,7 @@ fi
 for src in examples/*.c; do
     step "example-$(basename "$src" .c)" s_example "$src"
 done
+step tier-dir s_tier_dir
 if have redis-server && [ -f /usr/include/hiredis/hiredis.h ]; then
     step redis s_redis
 else
