@@ -338,7 +338,7 @@ void cmd_memory(const opts *o) {
   rows t = {0};
   memory_rows(o, &t);
   if (g_fmt == OUT_TABLE) {
-    char title[1024], mem[64], ctxs[32];
+    char title[2048], mem[64], ctxs[32];
     static const vcol v[] = {{C_MODEL, "model", FM_STR},      {C_VARIANT, "variant", FM_STR},
                              {C_KVHEADS, "G", FM_INT},        {C_HEADDIM, "K dim", FM_INT},
                              {C_DTYPE, "dtype", FM_STR},      {C_BPTL, "B/tok/layer", FM_SEP},

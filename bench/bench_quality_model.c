@@ -776,7 +776,11 @@ static int qm_configurations(qm_run *R) {
       q = &R->cf[R->n_cfg++];
       *q = *src;
       q->co.demote_dtype = q->ev.demote_dtype = KVA_INT4;
-      snprintf(q->name, sizeof q->name, "%.40s, rest INT4", src->name);
+      {
+        char base[sizeof q->name];
+        memcpy(base, q->name, sizeof base);
+        snprintf(q->name, sizeof q->name, "%.40s, rest INT4", base);
+      }
     }
   }
   if (R->o->configs) { /* only the configurations asked for */
