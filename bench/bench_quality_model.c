@@ -773,6 +773,8 @@ static int qm_configurations(qm_run *R) {
       if (src->kind != QK_EVICT || src->sel || src->tokens > 0 || src->scorer == QS_KNORM ||
           (src->ev.kind == KVA_EVICT_WINDOW && src->ev.n_sink > 0))
         continue;
+      /* --quick: WINDOW and H2O at the first budget (a scorer's rows cost a copy of every row per step) */
+      if (R->o->quick && (src->scorer || src->pct != (int)R->o->budgets[0])) continue;
       q = &R->cf[R->n_cfg++];
       *q = *src;
       q->co.demote_dtype = q->ev.demote_dtype = KVA_INT4;
