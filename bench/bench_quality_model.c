@@ -749,8 +749,8 @@ static int qm_configurations(qm_run *R) {
   }
   { /* eviction scorers (KVA_EVICT_SCORE) at each share of the context */
     static const char *const what[] = {"", "TOVA %ld%%", "SnapKV %ld%% (window 32, pool 7)", "Knorm %ld%%"};
-    for (i = QS_TOVA; i <= QS_KNORM; i++)
-      for (j = 0; j < R->o->n_budgets && R->n_cfg < QM_MAXCFG; j++) {
+    for (i = QS_TOVA; i <= QS_KNORM; i++) /* (--quick: the first budget; each step copies every held row) */
+      for (j = 0; j < (R->o->quick ? 1 : R->o->n_budgets) && R->n_cfg < QM_MAXCFG; j++) {
         qm_cfg *q = &R->cf[R->n_cfg++];
         q->kind = QK_EVICT;
         q->scorer = i;
