@@ -5792,6 +5792,20 @@ static int kva__ranked_pos_cmp(const void *a, const void *b) {
   return (x->pos > y->pos) - (x->pos < y->pos);
 }
 static inline void kva__rotate_row(float *x, int n);
+/* One head's stored K and V rows (either output may be NULL), dequantized
+   and back in the original basis: what kva_seq_read and kva_seq_read_demoted give. */
+static inline void kva__read_head(const kva_cache *c, kva_dtype kt, kva_dtype vt, const void *krow, const void *vrow,
+                                  float fk, float fv, float *k, float *v) {
+  if (k) {
+    kva__load_row(kt, k, krow, c->D, fk);
+    if (c->rotate & KVA_ROTATE_K) kva__rotate_row(k, c->D);
+  }
+  if (v) {
+    kva__load_row(vt, v, vrow, c->DV, fv);
+    if (c->rotate & KVA_ROTATE_V) kva__rotate_row(v, c->DV);
+  }
+}
+
 static inline const char *kva__score_why(kva_status st) {
   return st == KVA_ERR_NOMEM ? "no memory for the scorer's rows" : "the eviction scorer refused or wrote a NaN score";
 }
@@ -5839,13 +5853,8 @@ static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int
         float *kr = k + (size_t)i * D;
         slot = ranked[i].slot;
         b = kva__slot_block(c, s, l, slot, &in_block);
-        kva__load_row(c->kt[l], kr, kva__k_ptr(c, l, b, g, in_block), c->D, fk);
-        if (c->rotate & KVA_ROTATE_K) kva__rotate_row(kr, c->D); /* back to the original basis */
-        if (DV) {
-          float *vr = v + (size_t)i * DV;
-          kva__load_row(c->vt[l], vr, kva__v_ptr(c, l, b, g, in_block), c->DV, fv);
-          if (c->rotate & KVA_ROTATE_V) kva__rotate_row(vr, c->DV);
-        }
+        kva__read_head(c, c->kt[l], c->vt[l], kva__k_ptr(c, l, b, g, in_block),
+                       DV ? kva__v_ptr(c, l, b, g, in_block) : NULL, fk, fv, kr, DV ? v + (size_t)i * DV : NULL);
         pos[i] = ranked[i].pos;
         attn[i] = attn_known ? *kva__score_ptr(c, l, b, g, in_block) : 0.0f;
       }
@@ -7771,15 +7780,11 @@ KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot
     return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                        "the layer's WINDOW / CHUNK group released that token (no query can see it)");
   for (g = 0; g < c->G; g++) {
-    if (k)
-      kva__load_row(c->kt[layer], k + (size_t)g * (size_t)c->D, kva__k_ptr(c, layer, b, g, in_block), c->D,
-                    c->k_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
-    if (v)
-      kva__load_row(c->vt[layer], v + (size_t)g * (size_t)c->DV, kva__v_ptr(c, layer, b, g, in_block), c->DV,
-                    c->v_fp8[(size_t)layer * (size_t)c->G + (size_t)g]);
+    const size_t at = (size_t)layer * (size_t)c->G + (size_t)g;
+    kva__read_head(c, c->kt[layer], c->vt[layer], kva__k_ptr(c, layer, b, g, in_block),
+                   v ? kva__v_ptr(c, layer, b, g, in_block) : NULL, c->k_fp8[at], c->v_fp8[at],
+                   k ? k + (size_t)g * (size_t)c->D : NULL, v ? v + (size_t)g * (size_t)c->DV : NULL);
     if (pos) pos[g] = c->block_pos ? *kva__pos_ptr(c, layer, b, g, in_block) : (int32_t)slot;
-    if (k && (c->rotate & KVA_ROTATE_K)) kva__rotate_row(k + (size_t)g * (size_t)c->D, c->D); /* as stored */
-    if (v && (c->rotate & KVA_ROTATE_V)) kva__rotate_row(v + (size_t)g * (size_t)c->DV, c->DV);
   }
   return KVA_OK;
 }
@@ -7805,14 +7810,8 @@ KVA_API kva_status kva_seq_read_demoted(const kva_cache *c, int seq, int layer, 
   b = s->dm_table[slot / c->bs];
   in_block = slot % c->bs;
   for (g = 0; g < c->G; g++) {
-    if (k) {
-      kva__load_row(c->dt, k + (size_t)g * (size_t)c->D, kva__dm_k_ptr(c, layer, b, g, in_block), c->D, 1.0f);
-      if (c->rotate & KVA_ROTATE_K) kva__rotate_row(k + (size_t)g * (size_t)c->D, c->D);
-    }
-    if (v) {
-      kva__load_row(c->dt, v + (size_t)g * (size_t)c->DV, kva__dm_v_ptr(c, layer, b, g, in_block), c->DV, 1.0f);
-      if (c->rotate & KVA_ROTATE_V) kva__rotate_row(v + (size_t)g * (size_t)c->DV, c->DV);
-    }
+    kva__read_head(c, c->dt, c->dt, kva__dm_k_ptr(c, layer, b, g, in_block), kva__dm_v_ptr(c, layer, b, g, in_block),
+                   1.0f, 1.0f, k ? k + (size_t)g * (size_t)c->D : NULL, v ? v + (size_t)g * (size_t)c->DV : NULL);
     if (pos) pos[g] = *kva__dm_pos_ptr(c, layer, b, g, in_block);
   }
   return KVA_OK;
