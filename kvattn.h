@@ -428,6 +428,7 @@ typedef struct {
   long tier_fetch_hits;    /* records fetched, verified and reused */
   long tier_fetch_misses;  /* fetch calls that returned a status other than KVA_OK */
   long tier_fetch_refused; /* records fetched but refused by the checks (nothing used) */
+  long tier_loads;         /* records taken in by kva_prefix_load */
 } kva_cache_stats;
 
 /* One sequence's memory (kva_seq_get_stats), to report and bill a request. */
@@ -607,6 +608,11 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
 KVA_API kva_status kva_cache_reset_prefix(kva_cache *c);
 KVA_API size_t kva_prefix_record_size(const kva_cache *c);
 KVA_API kva_status kva_prefix_save(kva_cache *c, int *n_saved);
+/* kva_prefix_load's *outcome: the record was taken in, was already in memory, or names a parent not in memory */
+#define KVA_PREFIX_LOADED 1
+#define KVA_PREFIX_IN_MEMORY 0
+#define KVA_PREFIX_NO_PARENT (-1)
+KVA_API kva_status kva_prefix_load(kva_cache *c, const void *record, size_t size, int *outcome);
 KVA_API void kva_prefix_key(const uint8_t parent[32], uint64_t salt, const int32_t *tokens, int n_tokens,
                             uint8_t key[32]);
 KVA_API void kva_sha256(const void *data, size_t n, uint8_t digest[32]);
@@ -4435,7 +4441,7 @@ struct kva_cache {
   size_t tier_bytes;
   unsigned char *tier_out, *tier_in;
   int tier_quiet;           /* kva_cache_reset_prefix: forgetting on purpose, nothing spilled */
-  long tier_spills, tier_spill_errors, tier_fetch_hits, tier_fetch_misses, tier_fetch_refused;
+  long tier_spills, tier_spill_errors, tier_fetch_hits, tier_fetch_misses, tier_fetch_refused, tier_loads;
   kva__seq *seqs;           /* [max_seqs] */
   int32_t *seq_tables;      /* [max_seqs][n_blocks] their block tables */
   int32_t *seq_stored;      /* [max_seqs][n_layers][2] their kva__seq.stored */
@@ -6539,6 +6545,64 @@ KVA_API kva_status kva_prefix_save(kva_cache *c, int *n_saved) {
   return KVA_OK;
 }
 
+/* The published block whose tier key is key, or -1 (one pass over the pool:
+   loading is rare, lookups go through the hash table) */
+static inline int32_t kva__block_with_key(const kva_cache *c, const uint8_t key[32]) {
+  int32_t b;
+  for (b = 0; b < c->n_blocks; b++)
+    if (c->blk[b].published && memcmp(c->blk[b].key, key, 32) == 0) return b;
+  return -1;
+}
+
+/* Take one record (read back from a store, a file, a stream) into the
+   prefix cache now, published and cached as if this cache had published
+   and released it. The record is untrusted: it must be one of this cache's
+   shape and types whose key is the key of its own parent key, salt and
+   token ids; its parent must already be in memory. Only a free block is
+   used: a load never pushes out what the cache holds. */
+KVA_API kva_status kva_prefix_load(kva_cache *c, const void *record, size_t size, int *outcome) {
+  static const uint8_t no_parent[32] = {0};
+  uint8_t key[32], parent_key[32], own_key[32];
+  const int32_t *tok;
+  uint64_t salt;
+  int32_t parent = -1, b;
+  int depth = 0;
+  if (!c) return KVA_ERR_ARG;
+  KVA__REFUSE(c, !record || !outcome, KVA_ERR_ARG);
+  KVA__REFUSE_WHY(c, !c->spill, KVA_ERR_UNSUPPORTED, "the cache has no prefix tier (kva_cache_desc.spill)");
+  KVA__REFUSE_WHY(c, size != c->tier_bytes, KVA_ERR_STREAM, "size is not kva_prefix_record_size(c)");
+  memcpy(c->tier_in, record, size); /* aligned for the token ids, and read once */
+  memcpy(key, c->tier_in + 24, 32);
+  memcpy(parent_key, c->tier_in + 56, 32);
+  memcpy(&salt, c->tier_in + 88, 8);
+  tok = (const int32_t *)(const void *)(c->tier_in + KVA__TIER_HEADER + (size_t)c->n_layers * (8 + 8 * (size_t)c->G));
+  KVA__REFUSE_WHY(c, !kva__tier_record_ok(c, c->tier_in, size, key, parent_key, salt, tok), KVA_ERR_STREAM,
+                  "not a verified record of this cache (checksum, magic, version, shape, types or FP8 scales)");
+  kva_prefix_key(memcmp(parent_key, no_parent, 32) != 0 ? parent_key : NULL, salt, tok, c->bs, own_key);
+  KVA__REFUSE_WHY(c, memcmp(own_key, key, 32) != 0, KVA_ERR_STREAM,
+                  "the record's key is not kva_prefix_key of its parent's key, salt and token ids");
+  if (memcmp(parent_key, no_parent, 32) != 0) {
+    int32_t a;
+    if ((parent = kva__block_with_key(c, parent_key)) < 0) {
+      *outcome = KVA_PREFIX_NO_PARENT;
+      return KVA_OK;
+    }
+    for (a = parent; a >= 0; a = c->blk[a].parent) depth++; /* the blocks before it: its slots' positions */
+  }
+  if (kva__prefix_find(c, parent, parent >= 0 ? c->blk[parent].pub_gen : 0, salt, tok) >= 0) {
+    *outcome = KVA_PREFIX_IN_MEMORY;
+    return KVA_OK;
+  }
+  KVA__REFUSE_WHY(c, c->n_free == 0, KVA_ERR_FULL, "no free block (a load never recycles a cached one)");
+  b = kva__block_take(c);
+  kva__tier_decode(c, b, c->tier_in, depth);
+  kva__publish_one(c, b, parent, salt, tok);
+  kva__block_release(c, b); /* cached: unreferenced, reusable, recyclable */
+  c->tier_loads++;
+  *outcome = KVA_PREFIX_LOADED;
+  return KVA_OK;
+}
+
 /* --- sequence streams (kva_seq_export / kva_seq_import) ---
    A sequence's whole state as bytes, in the writer's byte order:
      header   magic "kvattnSQ", u32 version (2), u32 byte-order mark
@@ -8218,6 +8282,7 @@ KVA_API void kva_cache_get_stats(const kva_cache *c, kva_cache_stats *st) {
   st->tier_fetch_hits = c->tier_fetch_hits;
   st->tier_fetch_misses = c->tier_fetch_misses;
   st->tier_fetch_refused = c->tier_fetch_refused;
+  st->tier_loads = c->tier_loads;
   st->demote_blocks = c->dm_blocks;
   st->demote_blocks_used = c->dm_blocks - c->dm_n_free;
   st->demote_block_bytes = kva__demote_block_bytes(c);

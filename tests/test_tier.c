@@ -19,7 +19,12 @@
  *     length, filed under another key, or of another cache shape is refused
  *     (counted, the lookup a miss, the pool unchanged); a store that fails
  *     is a miss; a spill that fails is counted and changes nothing else;
- *     kva_cache_reset_prefix spills nothing; description rules. */
+ *     kva_cache_reset_prefix spills nothing; description rules;
+ *   - tt_load: kva_prefix_load takes saved records into a new cache in any
+ *     order (children first: they wait for their parents), after which
+ *     lookups find them without the store, bit for bit, salts apart; flipped,
+ *     cut and forged records are refused and change nothing; a full pool is
+ *     KVA_ERR_FULL and a load never recycles a cached block. */
 #include "kvattn.h"
 #include "harness.h"
 
@@ -498,9 +503,180 @@ static void tt_save(void) {
   tt_store_free(&st);
 }
 
+/* kva_prefix_load: records taken in now, in any order (a record whose parent
+   is not yet in memory says so and waits for a later pass), published under
+   their own key; refused records change nothing */
+static int tt_load_all(kva_cache *c, tt_store *st, int *passes, int *loaded, int *held) {
+  int done[TT_MAX] = {0}, progress = 1, i, outcome, n_done = 0;
+  *passes = *loaded = *held = 0;
+  while (progress && n_done < st->n) {
+    progress = 0;
+    ++*passes;
+    for (i = st->n - 1; i >= 0; i--) { /* children before parents: a store's order is arbitrary */
+      if (done[i]) continue;
+      outcome = 99;
+      if (kva_prefix_load(c, st->rec[i], st->size[i], &outcome) != KVA_OK) return -1;
+      if (outcome == KVA_PREFIX_NO_PARENT) continue;
+      if (outcome != KVA_PREFIX_LOADED && outcome != KVA_PREFIX_IN_MEMORY) return -1;
+      *loaded += outcome == KVA_PREFIX_LOADED;
+      *held += outcome == KVA_PREFIX_IN_MEMORY;
+      done[i] = progress = 1;
+      n_done++;
+    }
+  }
+  return n_done;
+}
+static void tt_load(void) {
+  tt_store st;
+  kva_cache *c, *next = NULL;
+  kva_cache_desc d;
+  kva_cache_stats s0, s1;
+  int32_t tok[21], tok_b[9];
+  float k1[TT_G * TT_D], v1[TT_G * TT_D], k2[TT_G * TT_D], v2[TT_G * TT_D];
+  int32_t pos1[TT_G], pos2[TT_G];
+  unsigned char *rec;
+  size_t size;
+  uint64_t sum;
+  int a = -1, b = -1, i, saved = 0, reused = 0, j, passes, loaded, held, outcome;
+  long fetches;
+  kt_begin("tier load");
+  tt_store_init(&st);
+  c = tt_cache(&st, KVA_INT8, 16, 1);
+  if (!c) return;
+  for (i = 0; i < 21; i++) tok[i] = 5 * i - 40;
+  for (i = 0; i < 9; i++) tok_b[i] = 1000 + i;
+  KT_STATUS(kva_seq_new(c, &a), KVA_OK);
+  KT_STATUS(kva_seq_append(c, a, 21), KVA_OK);
+  tt_store_rows(c, a, 0, 21, 91u);
+  KT_STATUS(kva_seq_publish(c, a, tok, 20, 9), KVA_OK);
+  KT_STATUS(kva_seq_new(c, &b), KVA_OK);
+  KT_STATUS(kva_seq_append(c, b, 9), KVA_OK);
+  tt_store_rows(c, b, 0, 9, 92u);
+  KT_STATUS(kva_seq_publish(c, b, tok_b, 8, 10), KVA_OK);
+  KT_STATUS(kva_prefix_save(c, &saved), KVA_OK);
+  KT_CHECK(saved == 7 && st.n == 7, "saved %d records", saved);
+
+  memset(&d, 0, sizeof d);
+  d.n_layers = TT_L, d.n_kv_heads = TT_G, d.head_dim = TT_D, d.block_size = TT_BS, d.n_blocks = 10;
+  d.dtype = KVA_INT8, d.k_scale = d.v_scale = 0.25f, d.block_bounds = 1;
+  d.spill = tt_spill, d.fetch = tt_fetch, d.tier_user = &st;
+  KT_STATUS(kva_cache_create(&d, &next), KVA_OK);
+  if (!next) goto out;
+  KT_CHECK(tt_load_all(next, &st, &passes, &loaded, &held) == 7 && loaded == 7 && held == 0 && passes > 1,
+           "load: %d loaded, %d already held, %d passes", loaded, held, passes);
+  kva_cache_get_stats(next, &s0);
+  KT_CHECK(s0.tier_loads == 7 && s0.blocks_cached == 7 && s0.blocks_used == 0 && s0.blocks_free == 3 &&
+               s0.tier_spills == 0 && s0.tier_fetch_hits + s0.tier_fetch_misses == 0,
+           "after the load: %ld loads, %d cached, %d used, %d free, %ld spills", s0.tier_loads, s0.blocks_cached,
+           s0.blocks_used, s0.blocks_free, s0.tier_spills);
+  /* again: every record is already in memory, nothing changes */
+  KT_CHECK(tt_load_all(next, &st, &passes, &loaded, &held) == 7 && loaded == 0 && held == 7,
+           "a second load: %d loaded, %d held", loaded, held);
+  kva_cache_get_stats(next, &s1);
+  KT_CHECK(s1.blocks_free == s0.blocks_free && s1.tier_loads == 7, "a second load changed the pool");
+  /* lookups find the loaded blocks in memory: the store is not asked */
+  fetches = st.fetches;
+  KT_STATUS(kva_seq_new_prefix(next, tok, 21, 9, &j, &reused), KVA_OK);
+  KT_CHECK(reused == 20 && st.fetches == fetches, "reused %d tokens, %ld fetches", reused, st.fetches - fetches);
+  for (i = 0; i < reused; i++) {
+    KT_STATUS(kva_seq_read(c, a, i % TT_L, i, k1, v1, pos1), KVA_OK);
+    KT_STATUS(kva_seq_read(next, j, i % TT_L, i, k2, v2, pos2), KVA_OK);
+    KT_CHECK(memcmp(k1, k2, sizeof k1) == 0 && memcmp(v1, v2, sizeof v1) == 0 && pos1[0] == pos2[0] &&
+                 pos2[0] == i && pos2[1] == i,
+             "loaded token %d differs (position %d)", i, pos2[0]);
+  }
+  KT_STATUS(kva_seq_free(next, j), KVA_OK);
+  KT_STATUS(kva_seq_new_prefix(next, tok_b, 9, 10, &j, &reused), KVA_OK);
+  KT_CHECK(reused == 8, "the second tenant's chain: reused %d", reused);
+  KT_STATUS(kva_seq_free(next, j), KVA_OK);
+  st.fail_fetch = 1; /* tenants stay apart: the same tokens under another salt find nothing */
+  KT_STATUS(kva_seq_new_prefix(next, tok_b, 9, 9, &j, &reused), KVA_OK);
+  KT_CHECK(reused == 0, "another salt reused %d", reused);
+  KT_STATUS(kva_seq_free(next, j), KVA_OK);
+  st.fail_fetch = 0;
+  kva_cache_destroy(next);
+  next = NULL;
+
+  /* refusals on an empty cache: nothing may change */
+  KT_STATUS(kva_cache_create(&d, &next), KVA_OK);
+  if (!next) goto out;
+  size = st.size[0];
+  rec = (unsigned char *)malloc(size + 1);
+  kva_cache_get_stats(next, &s0);
+  for (i = 0; i < (int)size; i++) { /* every byte of a record, bit 5 flipped */
+    memcpy(rec, st.rec[0], size);
+    rec[i] ^= 32;
+    outcome = 99;
+    if (kva_prefix_load(next, rec, size, &outcome) != KVA_ERR_STREAM || outcome != 99) {
+      KT_CHECK(0, "a record with byte %d flipped was not refused", i);
+      break;
+    }
+  }
+  memcpy(rec, st.rec[0], size);
+  rec[size] = 0;
+  KT_STATUS(kva_prefix_load(next, rec, size - 1, &outcome), KVA_ERR_STREAM);
+  KT_STATUS(kva_prefix_load(next, rec, size + 1, &outcome), KVA_ERR_STREAM);
+  KT_STATUS(kva_prefix_load(next, rec, 0, &outcome), KVA_ERR_STREAM);
+  /* forged, checksum made right: another salt, another token id, another key, another parent's key */
+  for (j = 0; j < 4; j++) {
+    static const size_t at[4] = {88, 0, 24, 56};
+    size_t off = j == 1 ? 128 + (size_t)TT_L * (8 + 8 * TT_G) : at[j]; /* (1: the first token id) */
+    memcpy(rec, st.rec[0], size);
+    rec[off] ^= 1;
+    sum = kva__stream_checksum(rec, size - 8);
+    memcpy(rec + size - 8, &sum, 8);
+    outcome = 99;
+    KT_CHECK(kva_prefix_load(next, rec, size, &outcome) == KVA_ERR_STREAM && outcome == 99,
+             "a forged record (byte %zu) was not refused", off);
+  }
+  kva_cache_get_stats(next, &s1);
+  KT_CHECK(s1.blocks_free == s0.blocks_free && s1.tier_loads == 0 && s1.blocks_cached == 0,
+           "refused records changed the pool: %d free, %ld loads", s1.blocks_free, s1.tier_loads);
+  /* a row byte is data: with the checksum made right it loads */
+  for (i = 0; i < st.n; i++) { /* a first block: its parent key is zeros */
+    static const uint8_t zero[32] = {0};
+    if (memcmp(st.rec[i] + 56, zero, 32) == 0) break;
+  }
+  memcpy(rec, st.rec[i], size);
+  rec[size - 9] ^= 1;
+  sum = kva__stream_checksum(rec, size - 8);
+  memcpy(rec + size - 8, &sum, 8);
+  KT_STATUS(kva_prefix_load(next, rec, size, &outcome), KVA_OK);
+  KT_CHECK(outcome == KVA_PREFIX_LOADED, "a first block's record with a changed row byte: outcome %d", outcome);
+  /* a full pool: KVA_ERR_FULL, nothing changed; a load never recycles a cached block */
+  KT_STATUS(kva_seq_new(next, &j), KVA_OK);
+  KT_STATUS(kva_seq_append(next, j, 9 * TT_BS), KVA_OK);
+  kva_cache_get_stats(next, &s0);
+  for (i = 0; i < st.n; i++) {
+    kva_status r;
+    outcome = 99;
+    r = kva_prefix_load(next, st.rec[i], size, &outcome);
+    KT_CHECK((r == KVA_ERR_FULL && outcome == 99) || (r == KVA_OK && outcome != KVA_PREFIX_LOADED),
+             "record %d into a full pool: %s, outcome %d", i, kva_status_str(r), outcome);
+  }
+  kva_cache_get_stats(next, &s1);
+  KT_CHECK(s1.blocks_cached == s0.blocks_cached && s1.blocks_free == 0 && s1.tier_loads == s0.tier_loads,
+           "a load into a full pool changed it");
+  KT_STATUS(kva_prefix_load(next, NULL, size, &outcome), KVA_ERR_ARG);
+  KT_STATUS(kva_prefix_load(next, st.rec[0], size, NULL), KVA_ERR_ARG);
+  KT_STATUS(kva_prefix_load(NULL, st.rec[0], size, &outcome), KVA_ERR_ARG);
+  free(rec);
+  kva_cache_destroy(next);
+  d.spill = NULL, d.fetch = NULL;
+  KT_STATUS(kva_cache_create(&d, &next), KVA_OK);
+  if (next) {
+    KT_STATUS(kva_prefix_load(next, st.rec[0], st.size[0], &outcome), KVA_ERR_UNSUPPORTED);
+    kva_cache_destroy(next);
+  }
+out:
+  kva_cache_destroy(c);
+  tt_store_free(&st);
+}
+
 void test_tier(void) {
   tt_sha();
   tt_save();
+  tt_load();
   tt_roundtrip();
   tt_attention();
   tt_refusals();
