@@ -18,6 +18,7 @@
 #                    depth and length; NEEDLE_ARGS= without --quick: all) into
 #                    $(NEEDLE_CSV) and bench/plot_needle.gp's charts
 #   make examples    every examples/*.c into build/examples/
+#   make kvattn_run_redis   kvattn_run with --prefix-redis (links hiredis: libhiredis-dev)
 #   make fuzz        every tests/fuzz_*.c with libFuzzer for FUZZ_SECONDS each
 #   make install     kvattn.h into $(DESTDIR)$(INCLUDEDIR), kvattn.pc into
 #                    $(PKGCONFIGDIR), the CMake package (find_package(kvattn),
@@ -68,7 +69,7 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 EXAMPLE_BINS := $(EXAMPLE_SRCS:examples/%.c=$(BUILD)/examples/%)
 FUZZ_SRCS    := $(wildcard tests/fuzz_*.c)
 
-.PHONY: test test-all bench plot examples fuzz install uninstall clean
+.PHONY: test test-all bench plot examples fuzz install uninstall clean kvattn_run_redis
 
 MATRIX_TIER := quick
 test-all: MATRIX_TIER := full
@@ -144,6 +145,12 @@ $(BUILD)/examples/%: examples/%.c kvattn.h | $(BUILD)/examples
 EXAMPLE_OPENMP = $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
 $(BUILD)/examples/kvattn_run $(BUILD)/examples/prefill_decode: examples/llm.h
 $(BUILD)/examples/kvattn_run: EXAMPLE_CFLAGS += $(EXAMPLE_OPENMP)
+
+# kvattn_run_redis: kvattn_run with --prefix-redis (hiredis: Debian's libhiredis-dev)
+kvattn_run_redis: $(BUILD)/examples/kvattn_run_redis
+$(BUILD)/examples/kvattn_run_redis: examples/kvattn_run.c examples/llm.h examples/tier_dir.h \
+    examples/redis/tier_redis.h kvattn.h | $(BUILD)/examples
+	$(CC) $(EXAMPLE_CFLAGS) $(EXAMPLE_OPENMP) -DKVATTN_RUN_REDIS -I. -Iexamples $< -o $@ -lhiredis -lm
 
 # ---- fuzzing (libFuzzer; clang's runtime comes with libclang-rt-14-dev on Debian 12)
 # Each tests/fuzz_NAME.c defines LLVMFuzzerTestOneInput.  New inputs collect in

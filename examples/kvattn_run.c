@@ -12,6 +12,9 @@
 #include "llm.h"
 #include "needle.h"
 #include "tier_dir.h"
+#ifdef KVATTN_RUN_REDIS /* make kvattn_run_redis: --prefix-redis (hiredis) */
+#include "redis/tier_redis.h"
+#endif
 
 #define MAX_CONFIGS 64
 
@@ -48,6 +51,7 @@ typedef struct {
   int int_scores, int_values, rotate; /* kva_attn.int_scores, int_values; kva_cache_desc.rotate */
   kva_dtype demote;                   /* --demote TYPE (DEFAULT: none) */
   const char *prefix_dir;             /* --prefix-dir: --serve's prefix tier in a directory */
+  const char *prefix_redis;           /* --prefix-redis HOST:PORT: --serve's prefix tier in Redis */
   int demote_budget;                  /* --demote TYPE:MAX */
   int select_budget, select_sink, select_recent; /* kva_attn.select_*; the cache keeps block bounds */
   const char *ppl, *ppl_tokens, *serve, *logits_tokens, *needle;
@@ -105,10 +109,15 @@ static void usage(FILE *f) {
           "                BUDGET tokens by the attention of its last WINDOW queries (default 32) pooled\n"
           "                over POOL slots (odd, default 7); generation and --needle only\n"
           "                BUDGET is a token count or a percentage (20%%) of the window (--ppl), of the\n"
-          "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n"
+          "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n",
+          prog);
+  fprintf(f,
           "  --prefix-dir DIR   (--serve) a prefix tier in DIR: published blocks the pool forgets are written\n"
           "                there, lookups read them back, and the run ends by saving every published block,\n"
-          "                so a second run of the same prompts starts warm\n"
+          "                so a second run of the same prompts starts warm (records found there are\n"
+          "                loaded at the start)\n"
+          "  --prefix-redis HOST:PORT   (--serve) the same, in a Redis (or Valkey) server: every run pointed\n"
+          "                at it shares its prefix blocks (built by `make kvattn_run_redis`, with hiredis)\n"
           "  --demote TYPE[:MAX]   every --evict policy keeps the tokens it evicts, converted to TYPE (f32,\n"
           "                f16, bf16, int8, int4), and still attends them; at most MAX of them (default: no\n"
           "                bound), the earliest demoted deleted first (--serve: not with h2o)\n"
@@ -116,8 +125,7 @@ static void usage(FILE *f) {
           "  --fp8-calib FILE     FP8 scales calibrated (least squared round-trip error) on the K/V of\n"
           "                the first seq_len tokens of this text\n"
           "  --block-size N       tokens per cache block (default 16)\n"
-          "  --threads N          threads for matrix products and attention (default 1; needs OpenMP)\n",
-          prog);
+          "  --threads N          threads for matrix products and attention (default 1; needs OpenMP)\n");
   /* two strings: C99 promises string literals of 4095 bytes, no more */
   fprintf(f,
           "Other modes:\n"
@@ -233,6 +241,9 @@ static void parse_evict(const char *s, evict_spec *e) {
 
 static llm_model model; /* the one model a run loads */
 static tier_dir tier;    /* --prefix-dir */
+#ifdef KVATTN_RUN_REDIS
+static tier_redis rtier; /* --prefix-redis */
+#endif
 
 /* The policy for a window of n tokens (percentages resolve against n). A scorer's state lives in
    st (the kept queries; SnapKV's compression budget): NULL where no scorer applies (--serve);
@@ -393,6 +404,7 @@ static void parse_args(int argc, char **argv, options *o) {
       else die("--rotate: '%s' is not none, k, v or kv", v);
     }
     else if (strcmp(f, "--prefix-dir") == 0) o->prefix_dir = v;
+    else if (strcmp(f, "--prefix-redis") == 0) o->prefix_redis = v;
     else if (strcmp(f, "--demote") == 0) {
       char buf[64], *c;
       if (strlen(v) >= sizeof buf) die("--demote: '%s' is too long", v);
@@ -438,6 +450,13 @@ static void parse_args(int argc, char **argv, options *o) {
     die("--ppl, --ppl-tokens, --serve, --logits-tokens and --needle are separate modes: give one");
   if (o->serve && strcmp(o->mode, "chat") == 0) die("--serve runs generate mode only (not -m chat)");
   if (o->prefix_dir && !o->serve) die("--prefix-dir: the prefix tier is --serve's (give --serve FILE too)");
+  if (o->prefix_redis && !o->serve) die("--prefix-redis: the prefix tier is --serve's (give --serve FILE too)");
+  if (o->prefix_redis && o->prefix_dir) die("--prefix-dir and --prefix-redis: one prefix tier per run, give one");
+#ifndef KVATTN_RUN_REDIS
+  if (o->prefix_redis)
+    die("--prefix-redis: this kvattn_run was built without hiredis; build kvattn_run_redis (make kvattn_run_redis, "
+        "needs libhiredis-dev) and run that");
+#endif
   if (o->serve && o->select_budget) die("--select: --serve attends through batch plans, which do not select blocks yet");
   if (o->n_dtypes == 0) o->dtypes[o->n_dtypes++] = KVA_F32;
   if (o->n_evict == 0) parse_evict("none", &o->evict[o->n_evict++]);
@@ -1073,7 +1092,33 @@ static void serve(const options *o, config *c, int steps) {
       die("--prefix-dir: cannot use '%s' as a directory (create it, or give a writable one)", o->prefix_dir);
     c->cache.spill = tier_dir_spill, c->cache.fetch = tier_dir_fetch, c->cache.tier_user = &tier;
   }
+#ifdef KVATTN_RUN_REDIS
+  if (o->prefix_redis) { /* the same through a Redis server; 500 ms per command at most */
+    char host[256];
+    const char *colon = strrchr(o->prefix_redis, ':');
+    int port = colon ? parse_int("--prefix-redis PORT", colon + 1, 1, 65535) : 0;
+    if (!colon || colon == o->prefix_redis || (size_t)(colon - o->prefix_redis) >= sizeof host)
+      die("--prefix-redis: '%s' is not HOST:PORT (for example 127.0.0.1:6379)", o->prefix_redis);
+    memcpy(host, o->prefix_redis, (size_t)(colon - o->prefix_redis));
+    host[colon - o->prefix_redis] = '\0';
+    if (!tier_redis_open(&rtier, host, port, 500))
+      die("--prefix-redis: no Redis server answers at %s (start one: redis-server --port %d)", o->prefix_redis, port);
+    c->cache.spill = tier_redis_spill, c->cache.fetch = tier_redis_fetch, c->cache.tier_user = &rtier;
+  }
+#endif
   cache = make_cache(c, n_blocks, o->max_batch + 2);
+  if (o->prefix_dir || o->prefix_redis) { /* an earlier run's blocks, into memory before the first request */
+    int refused = 0, loaded;
+    const char *where = o->prefix_dir ? "--prefix-dir" : "--prefix-redis";
+#ifdef KVATTN_RUN_REDIS
+    loaded = o->prefix_dir ? tier_dir_load(&tier, cache, &refused) : tier_redis_load(&rtier, cache, &refused);
+#else
+    loaded = tier_dir_load(&tier, cache, &refused);
+#endif
+    if (loaded < 0) die("%s %s: cannot list its records", where, o->prefix_dir ? o->prefix_dir : o->prefix_redis);
+    fprintf(stderr, "serve: %s %s: %d records loaded at the start, %d refused (not this model's or cache's)\n",
+            where, o->prefix_dir ? o->prefix_dir : o->prefix_redis, loaded, refused);
+  }
   if (!llm_state_init(&st, &model, max_rows, o->threads)) die("out of memory");
   st.int_scores = o->int_scores;
   st.int_values = o->int_values;
@@ -1090,7 +1135,7 @@ static void serve(const options *o, config *c, int steps) {
      until the end (its blocks are never recycled) */
   if (n_req > 1 && lcp / bs > 0 && ev.kind == KVA_EVICT_NONE) {
     int n_pub = lcp / bs * bs, have = 0;
-    /* (with --prefix-dir an earlier run may have left its blocks: all but what must be computed) */
+    /* (with a prefix tier an earlier run may have left its blocks: all but what must be computed) */
     if (kva_seq_new_prefix(cache, rq[0].tok, n_pub < rq[0].n_tok ? n_pub + 1 : n_pub, 0, &holder, &have) != KVA_OK)
       die("cannot start a sequence");
     if ((have < n_pub && llm_forward(&model, &st, cache, holder, rq[0].tok + have, n_pub - have, NULL, 0) != KVA_OK) ||
@@ -1100,7 +1145,7 @@ static void serve(const options *o, config *c, int steps) {
     } else {
       computed += n_pub - have;
       fprintf(stderr, "serve: %d requests share a %d-token prefix (%d tokens in full blocks cached%s)\n", n_req, lcp,
-              n_pub, have ? ", found in --prefix-dir" : "");
+              n_pub, have ? ", found in the prefix tier" : "");
     }
   }
   for (;;) {
@@ -1236,12 +1281,14 @@ static void serve(const options *o, config *c, int steps) {
             cs.prefix_queries, 100.0 * st.t_kva / (dt + 1e-12));
   }
   report_cache(cache, c);
-  if (o->prefix_dir) { /* what this run published, for the next one */
+  if (o->prefix_dir || o->prefix_redis) { /* what this run published, for the next one */
     int saved = 0;
     kva_prefix_save(cache, &saved);
     kva_cache_get_stats(cache, &cs);
-    fprintf(stderr, "serve: --prefix-dir %s: %ld blocks fetched from it, %d saved to it (%zu-byte records)\n",
-            o->prefix_dir, cs.tier_fetch_hits, saved, kva_prefix_record_size(cache));
+    fprintf(stderr,
+            "serve: %s %s: %ld blocks loaded from it, %ld fetched, %ld refused, %d saved to it (%zu-byte records)\n",
+            o->prefix_dir ? "--prefix-dir" : "--prefix-redis", o->prefix_dir ? o->prefix_dir : o->prefix_redis,
+            cs.tier_loads, cs.tier_fetch_hits, cs.tier_fetch_refused, saved, kva_prefix_record_size(cache));
   }
   if (holder >= 0) kva_seq_free(cache, holder);
   for (i = 0; i < n_req; i++) {
@@ -1252,6 +1299,9 @@ static void serve(const options *o, config *c, int steps) {
   free(rq), free(run), free(seqs), free(nq), free(lrow), free(who), free(rows_tok);
   llm_state_free(&st);
   kva_cache_destroy(cache);
+#ifdef KVATTN_RUN_REDIS
+  tier_redis_close(&rtier);
+#endif
 }
 
 /* ======================================================================

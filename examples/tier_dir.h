@@ -8,6 +8,8 @@
        tier_dir d;
        if (!tier_dir_open(&d, "/var/cache/kvattn")) ...;
        desc.spill = tier_dir_spill; desc.fetch = tier_dir_fetch; desc.tier_user = &d;
+       ... kva_cache_create(&desc, &c) ...
+       tier_dir_load(&d, c, &refused);   // optional: every record now, not at its first lookup
 
    POSIX (mkdir, getpid); C stdio for the files. */
 #ifndef KVATTN_TIER_DIR_H
@@ -16,6 +18,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -86,6 +89,69 @@ static kva_status tier_dir_fetch(void *user, const uint8_t key[32], void *rec, s
   fclose(f);
   *size = n;
   return KVA_OK;
+}
+
+/* Take the directory's records into the cache now (kva_prefix_load), so
+   that a restarted server's first requests find their prefixes in memory.
+   Directory order is arbitrary: a record whose parent is not in memory yet
+   waits for the next pass; passes stop when one takes nothing in, or when
+   the pool has no free block (the rest stay for fetch). *refused counts
+   files that are not whole records of this cache. Returns the records
+   loaded, or -1 if the directory cannot be read. */
+static inline int tier_dir_load(tier_dir *d, kva_cache *c, int *refused) {
+  size_t size = kva_prefix_record_size(c), n_names = 0, cap_names = 0, i;
+  char **names = NULL, path[1400];
+  unsigned char *rec = (unsigned char *)malloc(size + 1);
+  DIR *dir = opendir(d->dir);
+  struct dirent *e;
+  int loaded = 0, progress = 1, full = 0;
+  *refused = 0;
+  if (!dir || !rec || size == 0) {
+    if (dir) closedir(dir);
+    free(rec);
+    return -1;
+  }
+  while ((e = readdir(dir)) != NULL) { /* whole records only: temporary names end in .tmp.PID.N */
+    size_t len = strlen(e->d_name);
+    char **grown;
+    if (len < 5 || strcmp(e->d_name + len - 5, ".kvpb") != 0) continue;
+    if (n_names == cap_names) {
+      cap_names = cap_names ? 2 * cap_names : 64;
+      grown = (char **)realloc(names, cap_names * sizeof *names);
+      if (!grown) break;
+      names = grown;
+    }
+    if ((names[n_names] = (char *)malloc(len + 1)) == NULL) break;
+    strcpy(names[n_names++], e->d_name);
+  }
+  closedir(dir);
+  while (progress && !full) {
+    progress = 0;
+    for (i = 0; i < n_names && !full; i++) {
+      FILE *f;
+      size_t n;
+      int outcome;
+      kva_status st;
+      if (!names[i]) continue; /* taken in or refused on an earlier pass */
+      snprintf(path, sizeof path, "%s/%s", d->dir, names[i]);
+      f = fopen(path, "rb");
+      n = f ? fread(rec, 1, size + 1, f) : 0; /* one byte more: a longer file is refused */
+      if (f) fclose(f);
+      d->reads++;
+      st = kva_prefix_load(c, rec, n, &outcome);
+      if (st == KVA_ERR_FULL) full = 1;
+      if (st == KVA_ERR_FULL || (st == KVA_OK && outcome == KVA_PREFIX_NO_PARENT)) continue;
+      if (st != KVA_OK) ++*refused;
+      else loaded += outcome == KVA_PREFIX_LOADED;
+      free(names[i]);
+      names[i] = NULL;
+      progress = 1;
+    }
+  }
+  for (i = 0; i < n_names; i++) free(names[i]);
+  free(names);
+  free(rec);
+  return loaded;
 }
 
 /* Remove the records (*.kvpb) in dir, then dir itself if that leaves it empty: a scratch tier's cleanup */

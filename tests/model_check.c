@@ -2024,13 +2024,15 @@ static long number_before(const char *s, const char *word) {
    line must equal the -i run alone.  want_preempt / want_prefix: the run
    must report preemptions ("N preemptions" on stderr) / prompt tokens
    reused from the prefix cache ("(N of M prompt tokens reused)"), else the
-   check would not test what it says. */
+   check would not test what it says; want_prefix 2: a restart over a prefix
+   tier, which must also report records loaded from it ("N records loaded
+   at the start", N > 0) and the shared prefix found there. */
 static void serve_check(const char *label, const char *ck, const char *tk, const char **prompts, int np,
                         char **single, int steps, const char *flags, int want_preempt, int want_prefix) {
   char buf[4096] = "", why[8192], name[300];
   const char *reused;
   int i, same = 0;
-  long pre, hit = -1, of = -1;
+  long pre, hit = -1, of = -1, loaded;
   Run r;
   for (i = 0; i < np; i++) {
     strcat(buf, prompts[i]);
@@ -2074,6 +2076,7 @@ static void serve_check(const char *label, const char *ck, const char *tk, const
     }
   }
   pre = number_before(r.err, " preemptions");
+  loaded = number_before(r.err, " records loaded at the start");
   reused = strstr(r.err, " prompt tokens reused");
   if (reused) {
     while (reused > r.err && *reused != '(') reused--;
@@ -2084,6 +2087,9 @@ static void serve_check(const char *label, const char *ck, const char *tk, const
   else if (want_prefix && hit <= 0)
     report(0, name, "all %d requests equal their -i runs, but stderr reports %ld prompt tokens reused", np,
            hit);
+  else if (want_prefix == 2 && (loaded <= 0 || !strstr(r.err, "found in the prefix tier")))
+    report(0, name, "all %d requests equal their -i runs, but stderr reports %ld records loaded from the tier%s",
+           np, loaded, strstr(r.err, "found in the prefix tier") ? "" : " and no prefix found there");
   else
     report(1, name, "all %d requests equal their -i runs (%ld preemptions, %ld of %ld prompt tokens reused)",
            same, pre, hit, of);
@@ -2168,6 +2174,16 @@ static void check_generation(uint64_t seed) {
   serve_check("short prompts, 2 at once, 2 threads", ck, tk, prompts, NP, single, STEPS,
               "--max-batch 2 --threads 2", 0, 0);
   serve_check("shared prefix, block size 4", ck, tk, longp, NL, lsingle, LSTEPS, "--block-size 4", 0, 1);
+  /* --prefix-dir: the first run saves its published blocks, a restart loads them and starts warm */
+  {
+    char flags[1200];
+    const char *dir = sp("prefix-tier");
+    Run rm = run_prog("rm -rf '%s'", dir); /* an earlier check's records would make the first run warm */
+    run_free(&rm);
+    snprintf(flags, sizeof flags, "--block-size 4 --prefix-dir '%s'", dir);
+    serve_check("shared prefix, --prefix-dir, first run", ck, tk, longp, NL, lsingle, LSTEPS, flags, 0, 1);
+    serve_check("shared prefix, --prefix-dir, restarted", ck, tk, longp, NL, lsingle, LSTEPS, flags, 0, 2);
+  }
   /* -y: the system text, a space, then each line (as -i of the two joined) */
   {
     enum { NY = 3 };

@@ -573,7 +573,8 @@ s_tier_dir() {
 }
 
 # two processes share prefix blocks through a Redis server the script starts
-# and stops (examples/redis/prefix_redis.c, tests/redis_tier.sh)
+# and stops (examples/redis/prefix_redis.c, tests/redis_tier.sh); a restart
+# of kvattn_run --serve --prefix-redis starts warm
 s_redis() {
     need_header || return 1
     mkdir -p "$BUILD/examples"
@@ -581,7 +582,9 @@ s_redis() {
         -o "$BUILD/examples/prefix_redis" -lhiredis -lm || return 1
     x "$CC" -std=c99 -O2 -Wall -Wextra -Werror -Iexamples -I. examples/redis/prefix_ttft.c \
         -o "$BUILD/examples/prefix_ttft" -lhiredis -lm || return 1   # a figure, run by hand (README)
-    run bash tests/redis_tier.sh "$BUILD/examples/prefix_redis"
+    x "$CC" -std=c99 -O2 -Wall -Wextra -Werror -pedantic -DKVATTN_RUN_REDIS -I. -Iexamples examples/kvattn_run.c \
+        -o "$BUILD/examples/kvattn_run_redis" -lhiredis -lm || return 1
+    run bash tests/redis_tier.sh "$BUILD/examples/prefix_redis" "$BUILD/examples/kvattn_run_redis" bench/model
 }
 
 # the bench builds warning-free and its quick summary runs with every check passing

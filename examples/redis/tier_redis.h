@@ -10,6 +10,8 @@
        tier_redis r;
        if (!tier_redis_open(&r, "127.0.0.1", 6379, 200)) ...;  // 200 ms per command at most
        desc.spill = tier_redis_spill; desc.fetch = tier_redis_fetch; desc.tier_user = &r;
+       ... kva_cache_create(&desc, &c) ...
+       tier_redis_load(&r, c, &refused);   // optional: every record now, not at its first lookup
        ...
        tier_redis_close(&r);
 
@@ -18,6 +20,7 @@
 #define KVATTN_TIER_REDIS_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
@@ -96,6 +99,75 @@ static kva_status tier_redis_fetch(void *user, const uint8_t key[32], void *rec,
   }
   if (reply) freeReplyObject(reply);
   return st;
+}
+
+/* Take every record the server holds into the cache now (kva_prefix_load):
+   the names from SCAN (which never blocks the server as KEYS would), then
+   passes of GET until one takes nothing in, since a record waits for its
+   parent; stops when the pool has no free block (the rest stay for fetch).
+   *refused counts values that are not records of this cache. Returns the
+   records loaded, or -1 if the server cannot be listed. */
+static inline int tier_redis_load(tier_redis *r, kva_cache *c, int *refused) {
+  size_t size = kva_prefix_record_size(c), n_names = 0, cap_names = 0, i;
+  char **names = NULL, cursor[32] = "0";
+  int loaded = 0, progress = 1, full = 0, listed = 1;
+  *refused = 0;
+  if (!r->rc || r->rc->err || size == 0) return -1;
+  do { /* SCAN cursor MATCH kvattn:pb:* : [next cursor, [names]] */
+    redisReply *reply = (redisReply *)redisCommand(r->rc, "SCAN %s MATCH kvattn:pb:* COUNT 512", cursor);
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_STRING || reply->element[0]->len >= sizeof cursor ||
+        reply->element[1]->type != REDIS_REPLY_ARRAY) {
+      if (reply) freeReplyObject(reply);
+      listed = 0;
+      break;
+    }
+    memcpy(cursor, reply->element[0]->str, reply->element[0]->len);
+    cursor[reply->element[0]->len] = '\0';
+    for (i = 0; i < reply->element[1]->elements; i++) {
+      const redisReply *name = reply->element[1]->element[i];
+      char **grown;
+      if (name->type != REDIS_REPLY_STRING) continue;
+      if (n_names == cap_names) {
+        cap_names = cap_names ? 2 * cap_names : 64;
+        grown = (char **)realloc(names, cap_names * sizeof *names);
+        if (!grown) break;
+        names = grown;
+      }
+      if ((names[n_names] = (char *)malloc(name->len + 1)) == NULL) break;
+      memcpy(names[n_names], name->str, name->len);
+      names[n_names++][name->len] = '\0';
+    }
+    freeReplyObject(reply);
+  } while (strcmp(cursor, "0") != 0);
+  while (listed && progress && !full) {
+    progress = 0;
+    for (i = 0; i < n_names && !full; i++) {
+      redisReply *reply;
+      kva_status st = KVA_ERR_STREAM;
+      int outcome = KVA_PREFIX_NO_PARENT;
+      if (!names[i]) continue; /* taken in or refused on an earlier pass */
+      reply = (redisReply *)redisCommand(r->rc, "GET %s", names[i]);
+      r->gets++;
+      if (!reply && (!r->rc || r->rc->err)) { /* the connection broke: what is loaded stays */
+        full = 1;
+        break;
+      }
+      if (reply && reply->type == REDIS_REPLY_STRING) st = kva_prefix_load(c, reply->str, reply->len, &outcome);
+      else if (reply && reply->type == REDIS_REPLY_NIL) st = KVA_OK, outcome = KVA_PREFIX_IN_MEMORY; /* gone since SCAN */
+      if (reply) freeReplyObject(reply);
+      if (st == KVA_ERR_FULL) full = 1;
+      if (st == KVA_ERR_FULL || (st == KVA_OK && outcome == KVA_PREFIX_NO_PARENT)) continue;
+      if (st != KVA_OK) ++*refused;
+      else loaded += outcome == KVA_PREFIX_LOADED;
+      free(names[i]);
+      names[i] = NULL;
+      progress = 1;
+    }
+  }
+  for (i = 0; i < n_names; i++) free(names[i]);
+  free(names);
+  return listed ? loaded : -1;
 }
 
 #endif /* KVATTN_TIER_REDIS_H */
