@@ -436,6 +436,8 @@ typedef struct {
   long tokens;           /* held now (kva_seq_len) */
   long tokens_evicted;   /* positions eviction deleted (kva_seq_pos - kva_seq_len - tokens_demoted) */
   long tokens_demoted;   /* held in the demoted region (kva_seq_demoted) */
+  long head_slots_empty; /* (layer, KV head, slot) triples below kva_seq_len holding no token: what per-layer
+                            or per-head budgets leave unused of the slots (kva_evict.layer_weight, share_heads) */
   int demote_blocks;     /* its blocks (own, never shared), counted in bytes and bytes_own */
   int blocks;            /* blocks its tables hold, every layer group's (a block holds all its group's layers) */
   int blocks_shared;     /* of those, also held by another sequence or published in the prefix cache */
@@ -486,6 +488,12 @@ typedef struct {
                              they move, at that precision, into the sequence's demoted region, still attended */
   int demote_budget;  /* demoted tokens held at most (0: as many as a block table holds), the earliest
                          demoted deleted first */
+  /* SCORE, budgets that differ by layer and head (docs/API.md, "Per-layer and per-head budgets"); a KV head
+     keeping fewer tokens than the sequence has slots leaves the rest empty (KVA_POS_EMPTY) */
+  const float *layer_weight; /* NULL, or [n_layers] (kept by pointer: it must outlive the policy): layer l
+                                keeps floor(budget * layer_weight[l]) tokens per KV head (PyramidKV) */
+  int share_heads;    /* 1: a layer's KV heads share n_kv_heads times its budget, the slots going to the
+                         highest scores over all of them (Ada-KV) */
 } kva_evict;
 
 /* Built-in scorers (kva_evict.score), each a published rule: docs/API.md,
@@ -629,6 +637,9 @@ KVA_API kva_status kva_attend_cache_lse(kva_cache *c, int seq, int layer, const 
                                         float *out, float *lse);
 KVA_API kva_status kva_seq_read(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
                                 int32_t *pos);
+/* kva_seq_read's position of a slot a KV head leaves empty (per-layer or per-head budgets:
+   kva_evict.layer_weight, share_heads); its rows read back as zeros and attention never sees it */
+#define KVA_POS_EMPTY INT32_MAX
 KVA_API int kva_seq_demoted(const kva_cache *c, int seq);
 KVA_API kva_status kva_seq_read_demoted(const kva_cache *c, int seq, int layer, int slot, float *k, float *v,
                                         int32_t *pos);
@@ -3337,6 +3348,7 @@ typedef struct {
   int32_t tree_base;
   int tree_n;
   int slots_are_positions;            /* key j sits at position j (before tree_base): nothing evicted */
+  int has_empty;                      /* some slots hold no token in some head: positions KVA_POS_EMPTY */
   const int32_t *sel_first;           /* block selection, no block_pos: table[i]'s first token's position */
   const uint16_t *bounds;             /* paged, block bounds: [block][G][2][head dim] F16, or NULL */
 } kva__kv_view;
@@ -3493,7 +3505,7 @@ static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int
     float x = s[j] * P->scale;
     int32_t kp = kpos ? kpos[j] : 0;
     int in_tree = 1; /* a tree node's key: visible to its descendants only, at base + its depth */
-    if (w->tree_parent && kp >= w->tree_base) {
+    if (w->tree_parent && kp >= w->tree_base && kp != KVA_POS_EMPTY) {
       in_tree = kva__tree_sees(w->tree_parent, qnode, kp - w->tree_base);
       kp = w->tree_base + kva__tree_depth(w->tree_parent, kp - w->tree_base);
     }
@@ -3502,7 +3514,7 @@ static inline float kva__logits(const kva__attn_params *P, float *s, int nk, int
       int64_t dist = (int64_t)qp - (int64_t)kp;
       x -= slope * (float)(dist < 0 ? -dist : dist);
     }
-    if (!all_visible && !(in_tree && kva__visible(P, qp, kp))) x = -INFINITY;
+    if (!all_visible && !(in_tree && kva__visible(P, qp, kp) && !(w->has_empty && kp == KVA_POS_EMPTY))) x = -INFINITY;
     s[j] = x;
     if (x > mt) mt = x;
   }
@@ -3595,7 +3607,8 @@ static inline void kva__h2o_add_probs(const kva__attn_params *P, const kva__kv_v
     kva__view_fill(w, g, j0, nk, krows, vrows, read_pos ? kpos : NULL, &kmin, &kmax);
     if (kva__tile_none_visible(P, qmin, qmax, kmin, kmax)) continue; /* it adds 0 to every score */
     kva__scores_tile(P, w, g, qr, iq, nrows, krows, nk, scores, NULL);
-    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
+    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base) &&
+                  !(w->has_empty && kmax == KVA_POS_EMPTY);
     memset(colsum, 0, sizeof colsum);
     for (t = 0; t < nrows; t++) {
       float *s = scores + t * KVA__TILE, inv;
@@ -3716,7 +3729,7 @@ static inline void kva__attend_rows_with(const kva__pass *ps, const kva__qrow *i
   }
   kva__rows_range(w, qp, all, &qmin, &qmax);
   /* a decode step (no window, no key after any query) masks nothing */
-  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent || P->chunk > 0 ||
+  read_pos = P->window > 0 || P->alibi_max_bias != 0.0f || w->tree_parent || P->chunk > 0 || w->has_empty ||
              (!P->non_causal && w->pos_max > qmin);
   kva__unseen_keys(P, w, qmin, &skip_lo, &skip_hi);
   j0 = kva__tile_start(kv0, skip_lo, skip_hi);
@@ -3744,7 +3757,8 @@ static inline void kva__attend_rows_with(const kva__pass *ps, const kva__qrow *i
       }
       continue;
     }
-    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base);
+    all_visible = kva__tile_all_visible(P, qmin, qmax, kmin, kmax) && !(w->tree_parent && kmax >= w->tree_base) &&
+                  !(w->has_empty && kmax == KVA_POS_EMPTY);
     krows = krows_buf[cb];
     vrows = vrows_buf[cb];
     for (hh = 0; hh < ng; hh++) {
@@ -4375,6 +4389,7 @@ typedef struct {
      dm_len are filled; the next demoted token goes to slot dm_next (over the earliest, once full) */
   int32_t *dm_table;   /* [dm_max_table] its blocks, in the demoted pool */
   int dm_n_blocks, dm_len, dm_next, dm_cap;
+  long n_empty;        /* (layer, KV head, slot) triples below len that hold no token (KVA_POS_EMPTY) */
 } kva__seq;
 
 /* A WINDOW or CHUNK layer group: its own pool of blocks (ids 0 .. n_blocks-1,
@@ -5030,7 +5045,8 @@ static inline void kva__bounds_rebuild(kva_cache *c, const kva__seq *s, int l) {
     for (g = 0; g < c->G; g++) {
       int held = s->len - i * c->bs < c->bs ? s->len - i * c->bs : c->bs;
       kva__bounds_reset(c, l, table[i], g);
-      for (slot = 0; slot < held; slot++) kva__bounds_add(c, l, table[i], g, slot);
+      for (slot = 0; slot < held; slot++)
+        if (!c->block_pos || *kva__pos_ptr(c, l, table[i], g, slot) != KVA_POS_EMPTY) kva__bounds_add(c, l, table[i], g, slot);
     }
 }
 
@@ -5468,6 +5484,16 @@ static inline void kva__prefix_expire(kva_cache *c) {
    the place of the token demoted longest ago. Slots hold tokens in no
    particular order (attention reads positions beside them), so the ring
    never moves a row. */
+/* Does policy e give layers or heads budgets of their own (kva_evict.layer_weight, share_heads)? */
+static inline int kva__uneven(const kva_evict *e) { return e->layer_weight != NULL || e->share_heads; }
+/* Tokens each KV head of layer l keeps under e (with share_heads: on average over the layer's heads) */
+static inline long kva__layer_budget(const kva_evict *e, int l) {
+  double b;
+  if (!e->layer_weight) return e->budget;
+  b = floor((double)e->budget * (double)e->layer_weight[l]);
+  return b >= (double)INT_MAX ? INT_MAX : (long)b;
+}
+
 static inline int kva__demotes(const kva_evict *e) {
   return e->kind != KVA_EVICT_NONE && e->demote_dtype != KVA_DTYPE_DEFAULT;
 }
@@ -5575,6 +5601,7 @@ static inline kva__seq *kva__seq_alloc(kva_cache *c, int *seq) {
     s->live = 1;
     s->len = s->pos = s->n_blocks = s->last_append = 0;
     s->dm_n_blocks = s->dm_len = s->dm_next = s->dm_cap = 0;
+    s->n_empty = 0;
     s->unstored_from = INT_MAX;
     memset(s->stored, 0, (size_t)c->n_layers * 2 * sizeof(int32_t));
     memset(&s->evict, 0, sizeof s->evict); /* not the policy of the id this record held before */
@@ -5633,7 +5660,7 @@ static inline int kva__accumulates(const kva_evict *e) {
 static inline int kva__evictable(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, int slot) {
   int in_block;
   int32_t b = kva__slot_block(c, s, l, slot, &in_block), p = *kva__pos_ptr(c, l, b, g, in_block);
-  if (p < e->n_sink) return 0;
+  if (p < e->n_sink || p == KVA_POS_EMPTY) return 0;
   return e->kind == KVA_EVICT_WINDOW || (long)p < (long)s->pos - e->n_recent;
 }
 
@@ -5710,6 +5737,7 @@ static inline kva_status kva__evict_check(const kva_evict *e) {
       (e->demote_dtype == KVA_DTYPE_DEFAULT && e->demote_budget != 0))
     return KVA_ERR_ARG;
   if (e->kind != KVA_EVICT_SCORE && (e->score || e->accumulate)) return KVA_ERR_ARG;
+  if (e->share_heads < 0 || e->share_heads > 1 || (kva__uneven(e) && e->kind != KVA_EVICT_SCORE)) return KVA_ERR_ARG;
   switch (e->kind) {
     case KVA_EVICT_NONE: return KVA_OK;
     case KVA_EVICT_WINDOW:
@@ -5729,20 +5757,25 @@ static inline kva_status kva__evict_check(const kva_evict *e) {
    eviction compacts or H2O scores (all kept blocks, a slight over-copy),
    release emptied blocks, copy a shared partial tail, take new blocks. */
 typedef struct {
-  int n_evict, keep_blocks, private_to, fits_now, fits_table; /* fits_table: the block table's limit */
+  int n_evict;  /* slots the sequence loses (per-layer / per-head budgets: len - the most any head keeps) */
+  int evicts;   /* some head evicts (and every head is compacted) */
+  int keep_blocks, private_to, fits_now, fits_table; /* fits_table: the block table's limit */
   long copies, fresh, releasable;
   long span_need[KVA_MAX_GROUPS], span_releasable[KVA_MAX_GROUPS]; /* each WINDOW / CHUNK group's */
   int dm_take;  /* demoted blocks it takes */
 } kva__append_plan;
 
-static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, const kva_evict *e,
-                                    kva__append_plan *pl) {
-  int i, w, new_len;
+static inline int kva__uneven_len(const kva_cache *c, const kva__seq *s, const kva_evict *e, int n, int *evicts);
+
+/* The plan once the sequence keeps new_len slots (evicts: some head evicts) */
+static inline void kva__plan_shrink(const kva_cache *c, const kva__seq *s, int n, const kva_evict *e, int new_len,
+                                    int evicts, kva__append_plan *pl) {
+  int i, w;
   long avail = (long)c->n_free + c->n_cached;
-  pl->n_evict = kva__evict_count(c, s, e, n);
-  new_len = s->len - pl->n_evict;
+  pl->n_evict = s->len - new_len;
+  pl->evicts = evicts;
   pl->keep_blocks = kva__blocks_for(c, new_len);
-  pl->private_to = kva__accumulates(e) || pl->n_evict > 0 ? pl->keep_blocks : 0;
+  pl->private_to = kva__accumulates(e) || evicts ? pl->keep_blocks : 0;
   pl->copies = pl->releasable = 0;
   for (i = 0; i < pl->private_to; i++) pl->copies += kva__block_shared(c, s->table[i]);
   for (i = pl->keep_blocks; i < s->n_blocks; i++) pl->releasable += c->blk[s->table[i]].ref == 1;
@@ -5752,7 +5785,7 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
   /* copies are taken before emptied blocks return to the pool */
   pl->fits_table = kva__blocks_for(c, (long)new_len + n) <= c->max_table;
   pl->fits_now = pl->copies <= avail && pl->copies + pl->fresh <= avail + pl->releasable && pl->fits_table;
-  pl->dm_take = kva__demotes(e) && pl->n_evict > 0
+  pl->dm_take = kva__demotes(e) && evicts
                     ? kva__blocks_for(c, kva__demoted_after(c, s, e, pl->n_evict)) - s->dm_n_blocks
                     : 0;
   if (pl->dm_take > c->dm_n_free) pl->fits_now = 0;
@@ -5771,6 +5804,18 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
   }
 }
 
+static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n, const kva_evict *e,
+                                    kva__append_plan *pl) {
+  int evicts, new_len;
+  if (kva__uneven(e)) {
+    new_len = kva__uneven_len(c, s, e, n, &evicts);
+  } else {
+    int count = kva__evict_count(c, s, e, n);
+    new_len = s->len - count, evicts = count > 0;
+  }
+  kva__plan_shrink(c, s, n, e, new_len, evicts, pl);
+}
+
 /* --- eviction by a scorer (KVA_EVICT_SCORE) ---
    The scorer sees one layer and KV head at a time, on a copy of the held
    rows read back as kva_seq_read gives them; its scores rank that head's
@@ -5782,7 +5827,9 @@ typedef struct {
   int32_t pos, slot;
 } kva__ranked;
 typedef struct {
-  int32_t *victims; /* [n_layers][G][count] slots */
+  int32_t *victims; /* [n_layers][G][count] slots; per-layer / per-head budgets: [n_layers][G][len] */
+  int32_t *count;   /* per-layer / per-head budgets: [n_layers][G] each head's victims; else NULL */
+  int new_len;      /* per-layer / per-head budgets: the most tokens any head keeps */
   void *work;       /* the scorer's rows and the ranking */
   size_t bytes;
 } kva__scored;
@@ -5819,7 +5866,7 @@ static inline void kva__scored_free(const kva_cache *c, kva__scored *sc) {
   kva__heap h;
   h.alloc_fn = c->alloc_fn, h.free_fn = c->free_fn, h.user = c->user;
   kva__heap_give(&h, sc->work, sc->bytes);
-  sc->work = NULL, sc->victims = NULL, sc->bytes = 0;
+  sc->work = NULL, sc->victims = NULL, sc->count = NULL, sc->bytes = 0;
 }
 static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int count,
                                             kva__scored *out) {
@@ -5892,11 +5939,235 @@ static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int
   return KVA_OK;
 }
 
+
+/* --- per-layer and per-head budgets (kva_evict.layer_weight, share_heads) ---
+   Every head keeps its own count: the sequence's slots are the most any
+   head keeps, and a head keeping fewer leaves slots empty (KVA_POS_EMPTY:
+   zero rows, never attended). An append that makes some head exceed its
+   budget evicts in that head and compacts every head, so the empty slots
+   sit above each head's kept tokens, below the newest. */
+
+/* Head (l, g)'s tokens held and how many of those policy e may evict */
+static inline void kva__head_counts(const kva_cache *c, const kva__seq *s, const kva_evict *e, int l, int g, long *held,
+                                    long *evictable) {
+  int slot;
+  *held = *evictable = 0;
+  for (slot = 0; slot < s->len; slot++) {
+    int in_block;
+    int32_t b = kva__slot_block(c, s, l, slot, &in_block);
+    *held += *kva__pos_ptr(c, l, b, g, in_block) != KVA_POS_EMPTY;
+    *evictable += kva__evictable(c, s, e, l, g, slot);
+  }
+}
+/* How many tokens a head or a layer gives up: what held + the append's
+   tokens exceed the budget by, at most what may be evicted */
+static inline long kva__excess(long held, long n_in, long budget, long evictable) {
+  long over = held + n_in - budget;
+  return over <= 0 ? 0 : over < evictable ? over : evictable;
+}
+
+/* Before any scorer runs: does an append of n make some head evict, and
+   how many slots stay? Exact where each head has its own budget; with
+   share_heads the scores decide which heads give, so a layer that evicts
+   counts as many slots as its fullest head holds now (an upper bound:
+   kva_seq_fits stays on the safe side). */
+static inline int kva__uneven_len(const kva_cache *c, const kva__seq *s, const kva_evict *e, int n, int *evicts) {
+  const long n_in = e->rollback ? 0 : n;
+  long new_len = 0, held, evictable;
+  int l, g;
+  *evicts = 0;
+  for (l = 0; l < c->n_layers; l++) {
+    const long budget = kva__layer_budget(e, l);
+    long held_sum = 0, evictable_sum = 0, most = 0;
+    for (g = 0; g < c->G; g++) {
+      kva__head_counts(c, s, e, l, g, &held, &evictable);
+      if (e->share_heads) {
+        held_sum += held, evictable_sum += evictable;
+        if (held > most) most = held;
+      } else {
+        long gone = kva__excess(held, n_in, budget, evictable);
+        *evicts |= gone > 0;
+        if (held - gone > new_len) new_len = held - gone;
+      }
+    }
+    if (e->share_heads) {
+      *evicts |= kva__excess(held_sum, n_in * c->G, budget * c->G, evictable_sum) > 0;
+      if (most > new_len) new_len = most;
+    }
+  }
+  return *evicts ? (int)new_len : s->len;
+}
+
+typedef struct {
+  float score;
+  int32_t pos, slot, head;
+} kva__head_ranked;
+static int kva__head_ranked_cmp(const void *a, const void *b) { /* lowest score first, then oldest, then head */
+  const kva__head_ranked *x = (const kva__head_ranked *)a, *y = (const kva__head_ranked *)b;
+  if (x->score != y->score) return x->score < y->score ? -1 : 1;
+  if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1;
+  return (x->head > y->head) - (x->head < y->head);
+}
+static int kva__head_ranked_pos_cmp(const void *a, const void *b) {
+  const kva__head_ranked *x = (const kva__head_ranked *)a, *y = (const kva__head_ranked *)b;
+  return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* The scorer sees every head's held tokens (not its empty slots); each
+   head gives up what it exceeds its budget by, its lowest scores first, or
+   with share_heads each layer gives up what its heads together exceed
+   n_kv_heads x its budget by, the lowest scores over all its heads first.
+   Nothing changes here: a refusal leaves the sequence as it was. */
+static inline kva_status kva__uneven_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int n,
+                                             kva__scored *out) {
+  const size_t len = (size_t)s->len, D = (size_t)c->D, DV = c->kind == KVA_CACHE_KV ? (size_t)c->DV : 0;
+  const size_t heads = (size_t)c->n_layers * (size_t)c->G;
+  const long n_in = e->rollback ? 0 : n;
+  const int attn_known = e->accumulate && kva__accumulates(&s->evict);
+  kva__heap h;
+  float *k, *v, *scores, *attn;
+  int32_t *pos, *held_of;
+  kva__head_ranked *order, *ranked;
+  int l, g, i;
+  h.alloc_fn = c->alloc_fn, h.free_fn = c->free_fn, h.user = c->user;
+  out->bytes = len * (D + DV + 3) * sizeof(float) + len * (1 + (size_t)c->G) * sizeof(kva__head_ranked) +
+               (heads * len + heads + (size_t)c->G) * sizeof(int32_t);
+  out->work = kva__heap_take(&h, out->bytes);
+  if (!out->work) return KVA_ERR_NOMEM;
+  k = (float *)out->work, v = k + len * D, scores = v + len * DV, attn = scores + len;
+  pos = (int32_t *)(attn + len);
+  order = (kva__head_ranked *)(pos + len);
+  ranked = order + len; /* [G * len] a layer's evictable tokens, every head's */
+  out->victims = (int32_t *)(ranked + (size_t)c->G * len);
+  out->count = out->victims + heads * len;
+  held_of = out->count + heads; /* [G] the layer's heads' tokens held */
+  out->new_len = 0;
+  for (l = 0; l < c->n_layers; l++) {
+    const long budget = kva__layer_budget(e, l);
+    long held_sum = 0, gone;
+    int m = 0, m0;
+    for (g = 0; g < c->G; g++) {
+      const float fk = c->k_fp8[(size_t)l * (size_t)c->G + (size_t)g], fv = c->v_fp8[(size_t)l * (size_t)c->G + (size_t)g];
+      kva_score_view view;
+      kva_status st;
+      int held = 0, slot, in_block;
+      int32_t b;
+      for (slot = 0; slot < s->len; slot++) { /* the held tokens, oldest first */
+        b = kva__slot_block(c, s, l, slot, &in_block);
+        order[held].pos = *kva__pos_ptr(c, l, b, g, in_block), order[held].slot = slot;
+        held += order[held].pos != KVA_POS_EMPTY;
+      }
+      qsort(order, (size_t)held, sizeof order[0], kva__head_ranked_pos_cmp);
+      for (i = 0; i < held; i++) {
+        b = kva__slot_block(c, s, l, order[i].slot, &in_block);
+        kva__read_head(c, c->kt[l], c->vt[l], kva__k_ptr(c, l, b, g, in_block),
+                       DV ? kva__v_ptr(c, l, b, g, in_block) : NULL, fk, fv, k + (size_t)i * D,
+                       DV ? v + (size_t)i * DV : NULL);
+        pos[i] = order[i].pos;
+        attn[i] = attn_known ? *kva__score_ptr(c, l, b, g, in_block) : 0.0f;
+        scores[i] = NAN; /* unwritten counts as NaN */
+      }
+      memset(&view, 0, sizeof view);
+      view.seq = seq, view.layer = l, view.kv_head = g;
+      view.n_layers = c->n_layers, view.n_kv_heads = c->G;
+      view.n = held;
+      { /* its own budget's keep; with share_heads an even share (the layer decides) */
+        long keep = budget - n_in;
+        keep = keep < 0 ? 0 : keep;
+        view.keep = keep < held ? (int)keep : held;
+      }
+      view.head_dim = c->D, view.v_dim = c->DV;
+      view.pos = pos, view.k = k, view.v = DV ? v : NULL, view.attn_sum = e->accumulate ? attn : NULL;
+      st = e->score(e->score_user, &view, scores);
+      if (st != KVA_OK) {
+        kva__scored_free(c, out);
+        return st > KVA_OK && st <= KVA_ERR_STEP ? st : KVA_ERR_ARG;
+      }
+      m0 = m;
+      for (i = 0; i < held; i++) {
+        if (scores[i] != scores[i]) {
+          kva__scored_free(c, out);
+          return KVA_ERR_ARG;
+        }
+        if (kva__evictable(c, s, e, l, g, order[i].slot)) {
+          ranked[m].score = scores[i], ranked[m].pos = order[i].pos, ranked[m].slot = order[i].slot;
+          ranked[m++].head = g;
+        }
+      }
+      out->count[(size_t)l * (size_t)c->G + (size_t)g] = 0;
+      held_of[g] = held;
+      held_sum += held;
+      if (!e->share_heads) { /* this head's lowest go */
+        gone = kva__excess(held, n_in, budget, m - m0);
+        qsort(ranked + m0, (size_t)(m - m0), sizeof ranked[0], kva__head_ranked_cmp);
+        for (i = 0; i < gone; i++)
+          out->victims[((size_t)l * (size_t)c->G + (size_t)g) * len + (size_t)i] = ranked[m0 + i].slot;
+        out->count[(size_t)l * (size_t)c->G + (size_t)g] = (int32_t)gone;
+        if (held - gone > out->new_len) out->new_len = (int)(held - gone);
+      }
+    }
+    if (e->share_heads) { /* the layer's lowest go, whichever head holds them */
+      gone = kva__excess(held_sum, n_in * c->G, budget * c->G, m);
+      qsort(ranked, (size_t)m, sizeof ranked[0], kva__head_ranked_cmp);
+      for (i = 0; i < gone; i++) {
+        size_t hi = (size_t)l * (size_t)c->G + (size_t)ranked[i].head;
+        out->victims[hi * len + (size_t)out->count[hi]++] = ranked[i].slot;
+      }
+      for (g = 0; g < c->G; g++) {
+        long kept = held_of[g] - out->count[(size_t)l * (size_t)c->G + (size_t)g];
+        if (kept > out->new_len) out->new_len = (int)kept;
+      }
+    }
+  }
+  return KVA_OK;
+}
+
+/* Every head keeps its held tokens but its victims in its first slots
+   (survivors from above fill the gaps); its slots from there to new_len
+   become empty. */
+static inline void kva__evict_apply_uneven(kva_cache *c, kva__seq *s, const kva__scored *sc, int new_len) {
+  const size_t len = (size_t)s->len;
+  long empty = 0;
+  int l, g, slot, k;
+  for (l = 0; l < c->n_layers; l++)
+    for (g = 0; g < c->G; g++) {
+      const size_t hi = (size_t)l * (size_t)c->G + (size_t)g;
+      const int32_t *victims = sc->victims + hi * len;
+      int held = 0, kept, src, in_block, si;
+      int32_t b, sb;
+      for (slot = 0; slot < s->len; slot++) {
+        b = kva__slot_block(c, s, l, slot, &in_block);
+        c->victim_flag[slot] = *kva__pos_ptr(c, l, b, g, in_block) == KVA_POS_EMPTY;
+        held += !c->victim_flag[slot];
+      }
+      for (k = 0; k < sc->count[hi]; k++) c->victim_flag[victims[k]] = 1;
+      kept = held - sc->count[hi];
+      for (slot = 0, src = kept; slot < kept; slot++) {
+        if (!c->victim_flag[slot]) continue;
+        while (c->victim_flag[src]) src++;
+        b = kva__slot_block(c, s, l, slot, &in_block);
+        sb = kva__slot_block(c, s, l, src, &si);
+        kva__slot_move(c, l, g, b, in_block, sb, si);
+        src++;
+      }
+      for (slot = kept; slot < new_len; slot++) { /* empty: zero rows (bounds and reads see zeros), no position */
+        b = kva__slot_block(c, s, l, slot, &in_block);
+        memset(kva__k_ptr(c, l, b, g, in_block), 0, c->k_row[l]);
+        if (c->kind == KVA_CACHE_KV) memset(kva__v_ptr(c, l, b, g, in_block), 0, c->v_row[l]);
+        *kva__pos_ptr(c, l, b, g, in_block) = KVA_POS_EMPTY;
+        if (c->block_score) *kva__score_ptr(c, l, b, g, in_block) = 0.0f;
+      }
+      for (slot = 0; slot < s->len; slot++) c->victim_flag[slot] = 0;
+      empty += new_len - kept;
+    }
+  s->n_empty = empty;
+}
+
 /* Apply a planned eviction (victims: a scorer's, or NULL) and make e the
    active policy: copy shared blocks that compaction or scores will write,
    compact, release emptied blocks, copy a shared partly filled tail. */
 static inline void kva__evict_commit(kva_cache *c, kva__seq *s, const kva_evict *e, const kva__append_plan *pl,
-                                     const int32_t *victims) {
+                                     const kva__scored *sc) {
   const int zero_scores = kva__accumulates(e) && !kva__accumulates(&s->evict);
   int i;
   s->evict = *e;
@@ -5906,11 +6177,13 @@ static inline void kva__evict_commit(kva_cache *c, kva__seq *s, const kva_evict 
      active one: on switching to H2O every score is 0, so this eviction goes
      oldest first (a scorer saw zeros), and the kept (now private) blocks
      are zeroed after the compaction. */
-  if (pl->n_evict > 0) {
+  if (pl->evicts && sc->count) {
+    kva__evict_apply_uneven(c, s, sc, s->len - pl->n_evict);
+  } else if (pl->evicts) {
     kva_evict by_age = *e;
     if (zero_scores && e->kind == KVA_EVICT_H2O) by_age.kind = KVA_EVICT_WINDOW, by_age.n_recent = 0;
     if (kva__demotes(e)) kva__demote_begin(c, s, e, pl->n_evict);
-    kva__evict_apply(c, s, &by_age, pl->n_evict, victims);
+    kva__evict_apply(c, s, &by_age, pl->n_evict, sc->victims);
     if (kva__demotes(e)) kva__demote_end(s, pl->n_evict);
   }
   if (zero_scores)
@@ -5922,8 +6195,16 @@ static inline void kva__evict_commit(kva_cache *c, kva__seq *s, const kva_evict 
   while (s->n_blocks > pl->keep_blocks) kva__block_release(c, s->table[--s->n_blocks]);
   s->len -= pl->n_evict;
   if (kva__tail_needs_copy(c, s)) kva__copy_on_write(c, s, s->len / c->bs);
-  if (c->block_bounds && pl->n_evict > 0) /* compacted: the kept keys' own bounds */
+  if (c->block_bounds && pl->evicts) /* compacted: the kept keys' own bounds */
     for (i = 0; i < c->n_layers; i++) kva__bounds_rebuild(c, s, i);
+}
+
+/* Are e's layer weights usable (each finite and above 0)? */
+static inline int kva__layer_weights_ok(const kva_cache *c, const kva_evict *e) {
+  int l;
+  for (l = 0; e->layer_weight && l < c->n_layers; l++)
+    if (!(e->layer_weight[l] > 0.0f) || e->layer_weight[l] > FLT_MAX) return 0;
+  return 1;
 }
 
 /* Set or change the policy; it applies from the next kva_seq_append. */
@@ -5937,6 +6218,11 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) 
       (e->kind != KVA_EVICT_NONE && c->evict_support == KVA_EVICT_SUPPORT_NONE))
     return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                        "the cache keeps no scores / positions for this policy (kva_cache_desc.evict_support)");
+  KVA__REFUSE_WHY(c, !kva__layer_weights_ok(c, e), KVA_ERR_ARG, "a layer_weight is not a finite number above 0");
+  KVA__REFUSE_WHY(c, kva__uneven(e) && kva__demotes(e), KVA_ERR_UNSUPPORTED,
+                  "per-layer or per-head budgets do not demote (the demoted ring holds one count per head)");
+  KVA__REFUSE_WHY(c, s->n_empty > 0 && e->kind != KVA_EVICT_NONE && !kva__uneven(e), KVA_ERR_UNSUPPORTED,
+                  "the sequence's heads hold different counts: keep per-layer or per-head budgets, or NONE");
   if (kva__demotes(e)) {
     KVA__REFUSE_WHY(c, e->demote_dtype != c->dt, KVA_ERR_UNSUPPORTED,
                     "e->demote_dtype is not the cache's demoted pool's type (kva_cache_desc.demote_dtype)");
@@ -5960,7 +6246,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__seq *s;
   const kva_evict *e;
   kva__append_plan pl;
-  kva__scored scored = {NULL, NULL, 0};
+  kva__scored scored = {NULL, NULL, 0, NULL, 0};
   int i, w;
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, n_tokens < 0, KVA_ERR_ARG);
@@ -5970,12 +6256,18 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   KVA__REFUSE(c, (long)s->pos + n_tokens > (long)INT32_MAX, KVA_ERR_ARG); /* positions are int32 */
   e = &s->evict_next;
   kva__plan_append(c, s, n_tokens, &s->evict_next, &pl);
+  if (kva__uneven(e) && pl.evicts) { /* the scores decide what each head keeps: they come first, then the plan */
+    kva_status st = kva__uneven_victims(c, s, seq, e, n_tokens, &scored);
+    if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
+    kva__plan_shrink(c, s, n_tokens, e, scored.new_len, 1, &pl);
+  }
   if (!pl.fits_now) {
+    kva__scored_free(c, &scored);
     c->appends_failed++;
     return kva__refuse(c, KVA_ERR_FULL, __func__, "the pool has too few free or reclaimable blocks for the append");
   }
 
-  if (e->kind == KVA_EVICT_SCORE && pl.n_evict > 0) { /* the scorer first: it may refuse */
+  if (e->kind == KVA_EVICT_SCORE && pl.evicts && !scored.work) { /* the scorer first: it may refuse */
     kva_status st = kva__score_victims(c, s, seq, e, pl.n_evict, &scored);
     if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
   }
@@ -5984,7 +6276,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   kva__step_begin(c, s, 0); /* (slots before any eviction: what the last step left unstored) */
   c->append_counter++;
   kva__prefix_expire(c);
-  kva__evict_commit(c, s, e, &pl, scored.victims);
+  kva__evict_commit(c, s, e, &pl, &scored);
   kva__scored_free(c, &scored);
   for (w = 0; w < c->n_spans; w++) { /* (the step's queries sit at s->len and later) */
     kva__span *sp = &c->spans[w];
@@ -6010,7 +6302,7 @@ KVA_API kva_status kva_seq_compress(kva_cache *c, int seq, int budget) {
   kva__seq *s;
   kva_evict e;
   kva__append_plan pl;
-  kva__scored scored = {NULL, NULL, 0};
+  kva__scored scored = {NULL, NULL, 0, NULL, 0};
   int l;
   if (!c) return KVA_ERR_ARG;
   KVA__REFUSE(c, budget < 1, KVA_ERR_ARG);
@@ -6025,13 +6317,21 @@ KVA_API kva_status kva_seq_compress(kva_cache *c, int seq, int budget) {
   e.budget = budget;
   e.rollback = 0;
   kva__plan_append(c, s, 0, &e, &pl);
-  if (!pl.fits_now) return kva__refuse(c, KVA_ERR_FULL, __func__, "too few free blocks to copy the shared ones");
-  if (e.kind == KVA_EVICT_SCORE && pl.n_evict > 0) {
+  if (kva__uneven(&e) && pl.evicts) {
+    kva_status st = kva__uneven_victims(c, s, seq, &e, 0, &scored);
+    if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
+    kva__plan_shrink(c, s, 0, &e, scored.new_len, 1, &pl);
+  }
+  if (!pl.fits_now) {
+    kva__scored_free(c, &scored);
+    return kva__refuse(c, KVA_ERR_FULL, __func__, "too few free blocks to copy the shared ones");
+  }
+  if (e.kind == KVA_EVICT_SCORE && pl.evicts && !scored.work) {
     kva_status st = kva__score_victims(c, s, seq, &e, pl.n_evict, &scored);
     if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
   }
   kva__step_begin(c, s, 0);
-  kva__evict_commit(c, s, &e, &pl, scored.victims);
+  kva__evict_commit(c, s, &e, &pl, &scored);
   s->evict = s->evict_next; /* the policy's own budget from here on */
   kva__scored_free(c, &scored);
   return KVA_OK;
@@ -6136,7 +6436,7 @@ KVA_API kva_status kva_seq_append_all(kva_cache *c, const int *seqs, const int *
     int short_of_blocks = 0;
     if (n_tokens[i] == 0) continue;
     kva__plan_append(c, s, n_tokens[i], &s->evict_next, &pl);
-    if (pl.n_evict > 0 && s->evict_next.kind == KVA_EVICT_SCORE)
+    if (pl.evicts && s->evict_next.kind == KVA_EVICT_SCORE)
       return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                          "a scorer may refuse: append a sequence that evicts by KVA_EVICT_SCORE with kva_seq_append");
     for (j = 0; j < c->n_spans; j++) {
@@ -6756,6 +7056,7 @@ KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, 
   s = kva__seq_get(c, seq);
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   KVA__REFUSE_WHY(c, s->dm_len > 0, KVA_ERR_UNSUPPORTED, "a stream does not carry a sequence's demoted tokens");
+  KVA__REFUSE_WHY(c, s->n_empty > 0, KVA_ERR_UNSUPPORTED, "a stream does not carry empty slots (per-head budgets)");
   flags = (c->block_pos ? KVA__STREAM_POS : 0u) | (c->block_score ? KVA__STREAM_SCORES : 0u) |
           (c->n_spans ? KVA__STREAM_SPANS : 0u) | (unsigned)c->rotate << KVA__STREAM_ROTATE_SHIFT;
   n_prefix = kva__seq_prefix_blocks(c, s) * c->bs;
@@ -7157,6 +7458,8 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->v_row = c->v_row[layer];
   w->table = kva__layer_table(c, s, layer);
   w->slots_are_positions = s->pos == s->len; /* nothing evicted */
+  w->has_empty = s->n_empty > 0;
+  if (w->has_empty) w->pos_max = KVA_POS_EMPTY;
   w->block_pos = c->block_pos ? c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs : NULL;
   w->block_size = c->bs;
   w->n_kv_heads = c->G;
@@ -8316,6 +8619,7 @@ KVA_API kva_status kva_seq_get_stats(const kva_cache *c, int seq, kva_seq_stats 
   memset(st, 0, sizeof *st);
   st->tokens = s->len;
   st->tokens_demoted = s->dm_len;
+  st->head_slots_empty = s->n_empty;
   st->tokens_evicted = (long)s->pos - s->len - s->dm_len;
   st->demote_blocks = s->dm_n_blocks;
   for (i = 0; i < s->n_blocks; i++) {

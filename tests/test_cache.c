@@ -1198,7 +1198,7 @@ static void test_cache_size(void) {
   {
     kva_cache_desc d;
     kva_cache *c = NULL;
-    kva_evict e = {KVA_EVICT_WINDOW, 8, 0, 0, 0, NULL, NULL, 0, KVA_DTYPE_DEFAULT, 0};
+    kva_evict e = {KVA_EVICT_WINDOW, 8, 0, 0, 0, NULL, NULL, 0, KVA_DTYPE_DEFAULT, 0, NULL, 0};
     int s = -1, bad;
     size_t sz = 7;
     desc_init(&d, 2, 2, 8, 0, 4, 64, KVA_F16, KVA_F16);
