@@ -605,6 +605,7 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e);
 KVA_API kva_status kva_seq_compress(kva_cache *c, int seq, int budget);
 KVA_API kva_status kva_score_key_norm(void *user, const kva_score_view *view, float *scores);
 KVA_API kva_status kva_score_attention(void *user, const kva_score_view *view, float *scores);
+KVA_API kva_status kva_pyramid_weights(int n_layers, int budget, int n_window, float beta, float *weights);
 KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_t *keep, int n_keep);
 KVA_API kva_status kva_seq_export(kva_cache *c, int seq, void *buf, size_t cap, size_t *size);
 KVA_API kva_status kva_seq_import(kva_cache *c, const void *buf, size_t size, int *seq);
@@ -6350,6 +6351,26 @@ KVA_API kva_status kva_score_key_norm(void *user, const kva_score_view *view, fl
     for (i = 0; i < view->head_dim; i++) ss += (double)k[i] * (double)k[i];
     scores[j] = (float)-sqrt(ss);
   }
+  return KVA_OK;
+}
+
+/* PyramidKV's layer budgets (Cai et al. 2024, arXiv:2406.02069, as its
+   code computes them) as kva_evict.layer_weight: every layer keeps the
+   n_window newest tokens, and the rest of the budget, budget - n_window on
+   average, falls with depth in equal steps from 2 (budget - n_window) - m
+   at layer 0 to m = (budget - n_window) / beta at the last. Weights average
+   1, so the layers together keep n_layers x budget. */
+KVA_API kva_status kva_pyramid_weights(int n_layers, int budget, int n_window, float beta, float *weights) {
+  double rest, least, most, step;
+  int l;
+  if (n_layers < 1 || budget < 1 || n_window < 0 || n_window >= budget || !(beta >= 1.0f) || beta > FLT_MAX ||
+      !weights)
+    return KVA_ERR_ARG;
+  rest = (double)budget - n_window;
+  least = rest / beta;
+  most = 2.0 * rest - least;
+  step = n_layers > 1 ? (most - least) / (n_layers - 1) : 0.0;
+  for (l = 0; l < n_layers; l++) weights[l] = (float)((n_window + (n_layers > 1 ? most - l * step : rest)) / budget);
   return KVA_OK;
 }
 
