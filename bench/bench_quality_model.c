@@ -30,15 +30,22 @@ enum { QK_STORE, QK_FP8, QK_MIXED, QK_KV, QK_EVICT };
 static const char *const qk_name[] = {"storage", "fp8", "mixed", "k/v", "eviction"};
 static const double pk_frac[3] = {0.25, 0.5, 0.9};
 /* eviction scorers (KVA_EVICT_SCORE): TOVA judges by the current query, SnapKV compresses a prompt once
-   by its last QM_SNAP_WINDOW queries pooled over QM_SNAP_POOL slots, Knorm keeps the smallest keys */
-enum { QS_NONE = 0, QS_TOVA, QS_SNAPKV, QS_KNORM };
+   by its last QM_SNAP_WINDOW queries pooled over QM_SNAP_POOL slots, Knorm keeps the smallest keys;
+   PyramidKV and Ada-KV compress as SnapKV does, with budgets per layer (kva_pyramid_weights, beta
+   QM_PYRAMID_BETA) or a layer's budget shared by its KV heads (kva_evict.share_heads) */
+enum { QS_NONE = 0, QS_TOVA, QS_SNAPKV, QS_KNORM, QS_PYRAMID, QS_ADAKV };
+#define QM_PYRAMID_BETA 20.0f
+/* Does the row compress a prompt once after prefill (SnapKV's way)? */
+#define QM_COMPRESSES(q) ((q)->scorer == QS_SNAPKV || (q)->scorer == QS_PYRAMID || (q)->scorer == QS_ADAKV)
 #define QM_SNAP_WINDOW 32
 #define QM_SNAP_POOL 7
 
 typedef struct {
   int kind, pct;     /* pct: eviction budget in percent of seq_len */
   int tokens;        /* > 0: the budget in tokens instead (at most the context) */
-  int scorer;        /* KVA_EVICT_SCORE rows: QS_TOVA, QS_SNAPKV, QS_KNORM (0: none) */
+  int scorer;        /* KVA_EVICT_SCORE rows: a QS_ value (0: none) */
+  double slots_ratio; /* compressing rows: the most slots a compression left, over its budget (the fullest
+                         KV head's count: per-layer / per-head budgets hold more slots than the budget) */
   char name[64];
   llm_cache_opts co;
   int int_scores;    /* kva_attn.int_scores of its attention calls */
@@ -61,7 +68,7 @@ typedef struct {
 
 /* The row's policy; block selection reads pct of the context per step and holds everything */
 static const char *qm_policy(const qm_cfg *q) {
-  static const char *const scorer[] = {"", "TOVA", "SnapKV", "Knorm"};
+  static const char *const scorer[] = {"", "TOVA", "SnapKV", "Knorm", "PyramidKV", "Ada-KV"};
   return q->sel ? "SELECT" : q->scorer ? scorer[q->scorer] : q->ev.kind == KVA_EVICT_H2O ? "H2O" : "WINDOW";
 }
 /* q's budget over a context of n tokens: pct of n, or its tokens (at most n); at least 1 */
@@ -81,9 +88,15 @@ static void qm_select(const qm_cfg *q, llm_state *s, int n) {
 /* The state's kept queries and prompt compression for q's scorer over a context of n tokens (every
    sequence starts with none kept) */
 static int qm_scorer_state(const qm_cfg *q, llm_state *s, const llm_model *m, int n) {
-  int rows = q->scorer == QS_TOVA ? 1 : q->scorer == QS_SNAPKV ? QM_SNAP_WINDOW : 0;
-  s->compress_budget = q->scorer == QS_SNAPKV ? qm_budget(q, n) : 0;
-  if (rows != s->q_keep_max && !llm_keep_queries(s, m, rows, q->scorer == QS_SNAPKV ? QM_SNAP_POOL : 1)) return 0;
+  int rows = q->scorer == QS_TOVA ? 1 : QM_COMPRESSES(q) ? QM_SNAP_WINDOW : 0;
+  s->compress_budget = QM_COMPRESSES(q) ? qm_budget(q, n) : 0;
+  /* PyramidKV's schedule for this budget (the row's kva_evict.layer_weight points at it) */
+  if (q->scorer == QS_PYRAMID &&
+      kva_pyramid_weights(m->c.n_layers, s->compress_budget,
+                          QM_SNAP_WINDOW < s->compress_budget ? QM_SNAP_WINDOW : s->compress_budget - 1,
+                          QM_PYRAMID_BETA, s->layer_weight) != KVA_OK)
+    return 0;
+  if (rows != s->q_keep_max && !llm_keep_queries(s, m, rows, QM_COMPRESSES(q) ? QM_SNAP_POOL : 1)) return 0;
   s->q_kept = 0;
   return 1;
 }
@@ -180,7 +193,7 @@ static kva_status qm_window(const llm_model *m, llm_state *s, qm_cfg *q, const i
   s->int_values = q->int_values;
   qm_select(q, s, W);
   /* SnapKV compresses a prompt once: it has no streaming loss (its rows are needle and passkey only) */
-  if (q->scorer == QS_SNAPKV) return KVA_OK;
+  if (QM_COMPRESSES(q)) return KVA_OK;
   if (!qm_scorer_state(q, s, m, W)) return KVA_ERR_NOMEM;
   if ((st = kva_seq_new(q->c, &seq)) != KVA_OK) return st;
   if (evict && (st = kva_seq_set_evict(q->c, seq, &q->ev)) != KVA_OK) {
@@ -254,6 +267,8 @@ static kva_status qm_passkey(const llm_model *m, llm_state *s, const llm_tokeniz
     if (evict && s->compress_budget > 0) { /* prefill, then compress the prompt (SnapKV) */
       st = llm_forward(m, s, q->c, seq, pc->tok, pc->n, s->logits, 0);
       if (st == KVA_OK) st = kva_seq_compress(q->c, seq, s->compress_budget);
+      if (st == KVA_OK && kva_seq_len(q->c, seq) > q->slots_ratio * s->compress_budget)
+        q->slots_ratio = (double)kva_seq_len(q->c, seq) / s->compress_budget;
     } else if (evict)
       for (i = 0; i < pc->n && st == KVA_OK; i++)
         st = llm_forward(m, s, q->c, seq, pc->tok + i, 1, i == pc->n - 1 ? s->logits : NULL, 0);
@@ -748,8 +763,13 @@ static int qm_configurations(qm_run *R) {
       }
   }
   { /* eviction scorers (KVA_EVICT_SCORE) at each share of the context */
-    static const char *const what[] = {"", "TOVA %ld%%", "SnapKV %ld%% (window 32, pool 7)", "Knorm %ld%%"};
-    for (i = QS_TOVA; i <= QS_KNORM; i++) /* (--quick: the first budget; each step copies every held row) */
+    static const char *const what[] = {"",
+                                       "TOVA %ld%%",
+                                       "SnapKV %ld%% (window 32, pool 7)",
+                                       "Knorm %ld%%",
+                                       "PyramidKV %ld%% (SnapKV scores, beta 20)",
+                                       "Ada-KV %ld%% (SnapKV scores)"};
+    for (i = QS_TOVA; i <= QS_ADAKV; i++) /* (--quick: the first budget; each step copies every held row) */
       for (j = 0; j < (R->o->quick ? 1 : R->o->n_budgets) && R->n_cfg < QM_MAXCFG; j++) {
         qm_cfg *q = &R->cf[R->n_cfg++];
         q->kind = QK_EVICT;
@@ -760,8 +780,10 @@ static int qm_configurations(qm_run *R) {
         q->ev.score = i == QS_KNORM ? kva_score_key_norm : llm_score_queries;
         q->ev.score_user = i == QS_KNORM ? NULL : &R->st;
         /* SnapKV: nothing evicted while the prompt fills; then one compression keeps its window */
-        q->ev.budget = i == QS_SNAPKV ? 1 << 24 : qm_budget(q, R->W);
-        q->ev.n_recent = i == QS_SNAPKV ? QM_SNAP_WINDOW : 0;
+        q->ev.budget = QM_COMPRESSES(q) ? 1 << 24 : qm_budget(q, R->W);
+        q->ev.n_recent = QM_COMPRESSES(q) ? QM_SNAP_WINDOW : 0;
+        q->ev.layer_weight = i == QS_PYRAMID ? R->st.layer_weight : NULL;
+        q->ev.share_heads = i == QS_ADAKV;
         snprintf(q->name, sizeof q->name, what[i], R->o->budgets[j]);
       }
   }
@@ -770,7 +792,9 @@ static int qm_configurations(qm_run *R) {
     for (i = 0; i < n0 && R->n_cfg < QM_MAXCFG; i++) {
       const qm_cfg *src = &R->cf[i];
       qm_cfg *q;
+      /* (per-layer and per-head budgets do not demote) */
       if (src->kind != QK_EVICT || src->sel || src->tokens > 0 || src->scorer == QS_KNORM ||
+          src->scorer == QS_PYRAMID || src->scorer == QS_ADAKV ||
           (src->ev.kind == KVA_EVICT_WINDOW && src->ev.n_sink > 0))
         continue;
       /* --quick: WINDOW and H2O at the first budget (a scorer's rows cost a copy of every row per step) */
@@ -926,7 +950,7 @@ static int qm_needles(qm_run *R) {
           snprintf(q->msg, sizeof q->msg, "ERROR needle: out of memory");
           continue;
         }
-        if (q->kind == QK_EVICT && !q->sel && q->scorer != QS_SNAPKV) {
+        if (q->kind == QK_EVICT && !q->sel && !QM_COMPRESSES(q)) {
           ev.budget = qm_budget(q, c->context);
           if (ev.n_sink > ev.budget) ev.n_sink = 0;
           if (ev.kind == KVA_EVICT_H2O) ev.n_recent = ev.budget / 2;
@@ -934,6 +958,7 @@ static int qm_needles(qm_run *R) {
         }
         R->st.int_scores = q->int_scores;
         R->st.int_values = q->int_values;
+        R->st.compressed_len = 0;
         if ((cs = needle_run(&R->md, &R->st, &R->tz, q->c, q->kind == QK_EVICT && !q->sel ? &ev : NULL, c, &ok, NULL, 0)) !=
             KVA_OK) {
           q->bad = 1;
@@ -942,6 +967,8 @@ static int qm_needles(qm_run *R) {
         }
         q->nd_ok[k][ci][di] += ok;
         q->nd_n[k][ci][di]++;
+        if (QM_COMPRESSES(q) && R->st.compress_budget > 0 && R->st.compressed_len > q->slots_ratio * R->st.compress_budget)
+          q->slots_ratio = (double)R->st.compressed_len / R->st.compress_budget;
       }
     }
   R->st.int_scores = 0;
@@ -1236,7 +1263,7 @@ static int qm_rows(qm_run *R) {
       }
       if (q->kind == QK_EVICT) {
         /* the policy's budget is not the tokens kept / read */
-        int by_share = q->sel || q->scorer == QS_SNAPKV;
+        int by_share = q->sel || QM_COMPRESSES(q);
         rs(r, C_POLICY, "%s", qm_policy(q));
         rn(r, C_BUDGET, by_share ? qm_budget(q, R->W) : q->ev.budget);
         rn(r, C_BUDGETFRAC, by_share ? qm_budget(q, R->W) / (double)R->W : (double)q->ev.budget / R->W);
@@ -1244,7 +1271,10 @@ static int qm_rows(qm_run *R) {
         if (q->ev.kind == KVA_EVICT_H2O) rn(r, C_NRECENT, q->ev.n_recent);
         if (q->ev.kind == KVA_EVICT_SCORE) rn(r, C_NRECENT, q->ev.n_recent);
         {
-          int held = q->scorer == QS_SNAPKV ? qm_budget(q, R->W) : !q->sel && q->ev.budget < R->W ? q->ev.budget : R->W;
+          /* a compression holds its slots: the budget, or the fullest head's count (measured) */
+          double held = QM_COMPRESSES(q) ? qm_budget(q, R->W) * (q->slots_ratio > 1.0 ? q->slots_ratio : 1.0)
+                        : !q->sel && q->ev.budget < R->W ? q->ev.budget : R->W;
+          if (held > R->W) held = R->W;
           /* demotion keeps the rest of the context at the demoted type's bytes */
           rn(r, C_BHELD, (double)q->bpt * held + (double)q->dm_bpt * (R->W - held));
         }
@@ -1276,7 +1306,7 @@ static int qm_rows(qm_run *R) {
         rn(r, C_KVASHARE, q->t_kva / q->t_dec);
       }
       /* checks */
-      if (!isfinite(loss) && q->scorer != QS_SNAPKV) snprintf(chk, sizeof chk, "FAIL loss is not finite");
+      if (!isfinite(loss) && !QM_COMPRESSES(q)) snprintf(chk, sizeof chk, "FAIL loss is not finite");
       else if (q->held_bad) snprintf(chk, sizeof chk, "FAIL %s", q->msg);
       else if (q->pk_n[0] + q->pk_n[1] + q->pk_n[2] != R->n_cases || q->pk_ok[0] > q->pk_n[0] ||
                q->pk_ok[1] > q->pk_n[1] || q->pk_ok[2] > q->pk_n[2])
@@ -1328,7 +1358,10 @@ static int qm_rows(qm_run *R) {
         else if (q->kind == QK_EVICT && q->dm_bpt)
           rs(r, C_NOTE, "the evicted kept at %s, %lu bytes per token (held %lu)", kva_dtype_name(q->co.demote_dtype),
              (unsigned long)q->dm_bpt, (unsigned long)q->bpt);
-        else if (q->kind == QK_EVICT && q->scorer == QS_SNAPKV)
+        else if (q->kind == QK_EVICT && QM_COMPRESSES(q) && q->slots_ratio > 1.0)
+          rs(r, C_NOTE, "a prompt compressed once to %d%% on average; slots %.2fx of that (the fullest head)", q->pct,
+             q->slots_ratio);
+        else if (q->kind == QK_EVICT && QM_COMPRESSES(q))
           rs(r, C_NOTE, "a prompt compressed once to %d%% (needle, passkey; no streaming loss)", q->pct);
         else if (q->kind == QK_EVICT && q->sel)
           rs(r, C_NOTE, "holds every token; reads %d per query token and KV head", qm_budget(q, R->W));

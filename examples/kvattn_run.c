@@ -22,7 +22,10 @@
    options
    ====================================================================== */
 
-enum { SCORER_NONE = 0, SCORER_TOVA, SCORER_SNAPKV, SCORER_KNORM };
+/* PYRAMID and ADAKV: SnapKV's scores and prompt compression, with PyramidKV's layer budgets or Ada-KV's
+   heads sharing a layer's budget (kva_evict.layer_weight, share_heads) */
+enum { SCORER_NONE = 0, SCORER_TOVA, SCORER_SNAPKV, SCORER_KNORM, SCORER_PYRAMID, SCORER_ADAKV };
+#define PYRAMID_BETA 20.0f /* PyramidKV's code's default: the last layer keeps 1/20 of the average */
 typedef struct {
   kva_evict_kind kind;
   double budget;   /* tokens, or a percentage when pct */
@@ -108,6 +111,10 @@ static void usage(FILE *f) {
           "  --evict snapkv:BUDGET[:WINDOW[:POOL]]   SnapKV: compress the prompt once, after prefill, to\n"
           "                BUDGET tokens by the attention of its last WINDOW queries (default 32) pooled\n"
           "                over POOL slots (odd, default 7); generation and --needle only\n"
+          "  --evict pyramid:BUDGET[:WINDOW[:POOL]]   PyramidKV: SnapKV's scores, the budget spread over\n"
+          "                layers falling with depth (an average of BUDGET per layer, the last 1/20 of it)\n"
+          "  --evict adakv:BUDGET[:WINDOW[:POOL]]   Ada-KV: SnapKV's scores, a layer's KV heads sharing\n"
+          "                n_kv_heads x BUDGET by their scores\n"
           "                BUDGET is a token count or a percentage (20%%) of the window (--ppl), of the\n"
           "                steps (generation).  Repeat --evict to compare policies; --evict none = no eviction\n",
           prog);
@@ -207,13 +214,15 @@ static void parse_evict(const char *s, evict_spec *e) {
   else if (strcmp(f[0], "tova") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_TOVA;
   else if (strcmp(f[0], "knorm") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_KNORM;
   else if (strcmp(f[0], "snapkv") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_SNAPKV;
+  else if (strcmp(f[0], "pyramid") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_PYRAMID;
+  else if (strcmp(f[0], "adakv") == 0) e->kind = KVA_EVICT_SCORE, e->scorer = SCORER_ADAKV;
   else
     die("--evict: '%s': expected window:BUDGET[:SINKS], h2o:BUDGET[:SINKS[:RECENT]], tova:BUDGET, "
-        "knorm:BUDGET[:SINKS], snapkv:BUDGET[:WINDOW[:POOL]] or none", s);
+        "knorm:BUDGET[:SINKS], snapkv|pyramid|adakv:BUDGET[:WINDOW[:POOL]] or none", s);
   if (n < 2 || n > (e->kind == KVA_EVICT_WINDOW || e->scorer == SCORER_KNORM ? 3 : e->scorer == SCORER_TOVA ? 2 : 4) ||
       (p && n == 5))
     die("--evict: '%s': expected window:BUDGET[:SINKS], h2o:BUDGET[:SINKS[:RECENT]], tova:BUDGET, "
-        "knorm:BUDGET[:SINKS] or snapkv:BUDGET[:WINDOW[:POOL]]", s);
+        "knorm:BUDGET[:SINKS] or snapkv|pyramid|adakv:BUDGET[:WINDOW[:POOL]]", s);
   {
     size_t L = strlen(f[1]);
     char *end;
@@ -229,9 +238,9 @@ static void parse_evict(const char *s, evict_spec *e) {
         die("--evict: '%s': BUDGET must be a positive token count or a percentage", s);
     }
   }
-  if (e->scorer == SCORER_SNAPKV) {
-    e->window = n >= 3 ? parse_int("--evict snapkv WINDOW", f[2], 1, 4096) : 32;
-    e->pool = n >= 4 ? parse_int("--evict snapkv POOL", f[3], 1, 255) : 7;
+  if (e->scorer >= SCORER_PYRAMID || e->scorer == SCORER_SNAPKV) {
+    e->window = n >= 3 ? parse_int("--evict WINDOW", f[2], 1, 4096) : 32;
+    e->pool = n >= 4 ? parse_int("--evict POOL", f[3], 1, 255) : 7;
     if (e->pool % 2 == 0) die("--evict: '%s': POOL must be odd (a window centred on each token)", s);
     return;
   }
@@ -262,17 +271,25 @@ static kva_evict resolve_evict(const evict_spec *e, long n, llm_state *st, int c
   k.demote_dtype = e->demote;
   k.demote_budget = e->demote ? e->demote_budget : 0;
   if (e->scorer) {
-    int rows = e->scorer == SCORER_TOVA ? 1 : e->scorer == SCORER_SNAPKV ? e->window : 0;
-    if (!st || (e->scorer == SCORER_SNAPKV && !compress))
-      die("--evict %s: not in this mode (TOVA and Knorm: generation, chat, --ppl, --needle; SnapKV, a prompt "
-          "compression: generation and --needle)", e->text);
-    if (!llm_keep_queries(st, &model, rows, e->scorer == SCORER_SNAPKV ? e->pool : 1)) die("out of memory");
+    const int snap = e->scorer == SCORER_SNAPKV || e->scorer >= SCORER_PYRAMID; /* compresses a prompt once */
+    int rows = e->scorer == SCORER_TOVA ? 1 : snap ? e->window : 0;
+    if (!st || (snap && !compress))
+      die("--evict %s: not in this mode (TOVA and Knorm: generation, chat, --ppl, --needle; SnapKV, PyramidKV "
+          "and Ada-KV, a prompt compression: generation and --needle)", e->text);
+    if (!llm_keep_queries(st, &model, rows, snap ? e->pool : 1)) die("out of memory");
     k.score = e->scorer == SCORER_KNORM ? kva_score_key_norm : llm_score_queries;
     k.score_user = e->scorer == SCORER_KNORM ? NULL : st;
-    if (e->scorer == SCORER_SNAPKV) { /* nothing evicted as the prompt fills; one compression keeps its window */
+    if (snap) { /* nothing evicted as the prompt fills; one compression keeps its window */
       st->compress_budget = (int)b;
       k.budget = 1000000000;
       k.n_recent = e->window < (int)b ? e->window : (int)b;
+      if (e->scorer == SCORER_PYRAMID) { /* a window as large as the budget leaves nothing to spread */
+        if (kva_pyramid_weights(model.c.n_layers, (int)b, k.n_recent < (int)b ? k.n_recent : (int)b - 1, PYRAMID_BETA,
+                                st->layer_weight) != KVA_OK)
+          die("--evict %s: no PyramidKV schedule for a budget of %ld", e->text, b);
+        k.layer_weight = st->layer_weight;
+      }
+      k.share_heads = e->scorer == SCORER_ADAKV;
       return k;
     }
   }

@@ -976,6 +976,8 @@ typedef struct {
   int q_keep_max, q_kept, q_pool; /* rows kept at most, kept now; q_pool: kva_score_queries.pool */
   int q_heads, q_dim;  /* the model's query heads and n_heads x head_dim */
   int compress_budget; /* > 0: llm_prefill_compress compresses a prompt to this many tokens (kva_seq_compress) */
+  float *layer_weight; /* [n_layers] per-layer budgets for kva_evict.layer_weight (PyramidKV's schedule) */
+  int compressed_len;  /* kva_seq_len right after the last compression: slots, the fullest KV head's count */
   float *x, *xb, *xb2; /* [max_rows][dim] residual stream and scratch */
   float *q, *att;      /* [max_rows][dim] */
   float *k, *v;        /* [max_rows][kv_dim] */
@@ -989,7 +991,7 @@ typedef struct {
 static inline void llm_state_free(llm_state *s) {
   if (!s) return;
   free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->att), free(s->k), free(s->v);
-  free(s->hb), free(s->hb2), free(s->logits), free(s->pos), free(s->q_keep);
+  free(s->hb), free(s->hb2), free(s->logits), free(s->pos), free(s->q_keep), free(s->layer_weight);
   memset(s, 0, sizeof *s);
 }
 
@@ -1009,9 +1011,10 @@ static inline int llm_state_init(llm_state *s, const llm_model *m, int max_rows,
   s->hb = (float *)malloc(R * H * sizeof(float));
   s->hb2 = (float *)malloc(R * H * sizeof(float));
   s->logits = (float *)malloc(R * V * sizeof(float));
+  s->layer_weight = (float *)malloc((size_t)m->c.n_layers * sizeof(float));
   s->pos = (int32_t *)malloc(R * sizeof(int32_t));
   if (!s->x || !s->xb || !s->xb2 || !s->q || !s->att || !s->k || !s->v || !s->hb || !s->hb2 || !s->logits ||
-      !s->pos) {
+      !s->pos || !s->layer_weight) {
     llm_state_free(s);
     return 0;
   }

@@ -413,6 +413,7 @@ static inline kva_status needle_run(const llm_model *m, llm_state *s, const llm_
     if (evict && s->compress_budget > 0) { /* prefill, then compress the prompt once (SnapKV) */
       st = llm_forward(m, s, c, seq, k->tok, k->n, s->logits, 0);
       if (st == KVA_OK) st = kva_seq_compress(c, seq, s->compress_budget);
+      if (st == KVA_OK) s->compressed_len = kva_seq_len(c, seq);
     } else if (evict)
       for (i = 0; i < k->n && st == KVA_OK; i++)
         st = llm_forward(m, s, c, seq, k->tok + i, 1, i == k->n - 1 ? s->logits : NULL, 0);
