@@ -8,7 +8,10 @@
        (a policy of our own, a dozen lines, kvattn.h untouched);
      - key norm (kva_score_key_norm: Knorm keeps the smallest keys);
      - SnapKV (kva_score_attention over the last 16 prompt queries, pooled
-       over 5 neighbouring slots; the 16 newest tokens protected).
+       over 5 neighbouring slots; the 16 newest tokens protected);
+     - Ada-KV: SnapKV's scores, the two KV heads sharing 2 x 64 slots
+       (kva_evict.share_heads), so a head whose attention is spread takes
+       slots from one whose attention is concentrated.
    Each prints how many needles survive and how far the compressed cache's
    attention output is from the full one's. */
 #include <math.h>
@@ -77,7 +80,7 @@ static int run(kva_cache *c, const char *name, const kva_evict *ev, const float 
       diff += ((double)out[i] - full[i]) * ((double)out[i] - full[i]);
       norm += (double)full[i] * full[i];
     }
-    printf("%-34s %4d tokens  needles kept %d of %d  output rel. error %.3f\n", name, kva_seq_len(c, seq), needles,
+    printf("%-36s %4d slots  needles kept %d of %d  output rel. error %.3f\n", name, kva_seq_len(c, seq), needles,
            NEEDLES, sqrt(diff / norm));
   }
   kva_seq_free(c, seq);
@@ -124,8 +127,12 @@ int main(void) {
   ev.score = kva_score_attention; ev.score_user = &snap;
   n += run(c, "SnapKV (16 queries, pool 5)", &ev, full, out);
 
+  ev.share_heads = 1; /* the slots of a head that keeps fewer are empty, never attended */
+  n += run(c, "Ada-KV (SnapKV scores, heads share)", &ev, full, out);
+  ev.share_heads = 0;
+
   ev.score = NULL; ev.score_user = NULL; ev.kind = KVA_EVICT_WINDOW; ev.n_recent = 0;
   n += run(c, "WINDOW (the newest 64)", &ev, full, out);
   kva_cache_destroy(c);
-  return n == 4 ? 0 : 1;
+  return n == 5 ? 0 : 1;
 }
