@@ -233,7 +233,7 @@ typedef enum {
   KVA_ERR_UNSUPPORTED, /* valid but unsupported combination */
   KVA_ERR_SEQ_LIMIT,   /* max_seqs sequences are live: free one (no block is involved) */
   KVA_ERR_NOT_STORED,  /* the step's tokens are not all stored in that layer (kva_store first) */
-  KVA_ERR_STREAM,      /* kva_seq_import: truncated, corrupted, or not a kvattn sequence stream */
+  KVA_ERR_STREAM,      /* kva_seq_import, kva_prefix_load: truncated, corrupted, or not a kvattn stream / record */
   KVA_ERR_STEP         /* more tokens stored or attended than the sequence's last append added
                           (after a fork or a truncate, append the step's tokens first) */
 } kva_status;
@@ -687,7 +687,7 @@ KVA_API const char *kva_status_str(kva_status s) {
     case KVA_ERR_UNSUPPORTED: return "unsupported combination";
     case KVA_ERR_SEQ_LIMIT: return "sequence limit reached (max_seqs live)";
     case KVA_ERR_NOT_STORED: return "tokens appended but not stored in every layer attended or published";
-    case KVA_ERR_STREAM: return "not a valid kvattn sequence stream (truncated or corrupted)";
+    case KVA_ERR_STREAM: return "not a valid kvattn sequence stream or prefix record (truncated or corrupted)";
     case KVA_ERR_STEP: return "more tokens than the sequence's last append added (append the step first)";
   }
   return "unknown status";
@@ -5008,6 +5008,13 @@ static inline uint16_t *kva__bounds_ptr(const kva_cache *c, int l, int32_t b, in
 }
 /* F16 bits in an order that compares as their values do (-0 just below +0) */
 static inline unsigned kva__f16_order(uint16_t h) { return (h & 0x8000u) ? (unsigned)(uint16_t)~h : h | 0x8000u; }
+/* Are these bounds (D minimums, then D maximums) still reset: no key added? */
+static inline int kva__bounds_empty(const uint16_t *lohi, int D) {
+  int i;
+  for (i = 0; i < D; i++)
+    if (lohi[i] != 0x7C00u || lohi[D + i] != 0xFC00u) return 0;
+  return 1;
+}
 static inline void kva__bounds_reset(kva_cache *c, int l, int32_t b, int g) {
   uint16_t *lo = kva__bounds_ptr(c, l, b, g);
   int i;
@@ -5738,7 +5745,9 @@ static inline kva_status kva__evict_check(const kva_evict *e) {
       (e->demote_dtype == KVA_DTYPE_DEFAULT && e->demote_budget != 0))
     return KVA_ERR_ARG;
   if (e->kind != KVA_EVICT_SCORE && (e->score || e->accumulate)) return KVA_ERR_ARG;
-  if (e->share_heads < 0 || e->share_heads > 1 || (kva__uneven(e) && e->kind != KVA_EVICT_SCORE)) return KVA_ERR_ARG;
+  if (e->kind != KVA_EVICT_NONE &&
+      (e->share_heads < 0 || e->share_heads > 1 || (kva__uneven(e) && e->kind != KVA_EVICT_SCORE)))
+    return KVA_ERR_ARG;
   switch (e->kind) {
     case KVA_EVICT_NONE: return KVA_OK;
     case KVA_EVICT_WINDOW:
@@ -6219,8 +6228,9 @@ KVA_API kva_status kva_seq_set_evict(kva_cache *c, int seq, const kva_evict *e) 
       (e->kind != KVA_EVICT_NONE && c->evict_support == KVA_EVICT_SUPPORT_NONE))
     return kva__refuse(c, KVA_ERR_UNSUPPORTED, __func__,
                        "the cache keeps no scores / positions for this policy (kva_cache_desc.evict_support)");
-  KVA__REFUSE_WHY(c, !kva__layer_weights_ok(c, e), KVA_ERR_ARG, "a layer_weight is not a finite number above 0");
-  KVA__REFUSE_WHY(c, kva__uneven(e) && kva__demotes(e), KVA_ERR_UNSUPPORTED,
+  KVA__REFUSE_WHY(c, e->kind != KVA_EVICT_NONE && !kva__layer_weights_ok(c, e), KVA_ERR_ARG,
+                  "a layer_weight is not a finite number above 0");
+  KVA__REFUSE_WHY(c, e->kind != KVA_EVICT_NONE && kva__uneven(e) && kva__demotes(e), KVA_ERR_UNSUPPORTED,
                   "per-layer or per-head budgets do not demote (the demoted ring holds one count per head)");
   KVA__REFUSE_WHY(c, s->n_empty > 0 && e->kind != KVA_EVICT_NONE && !kva__uneven(e), KVA_ERR_UNSUPPORTED,
                   "the sequence's heads hold different counts: keep per-layer or per-head budgets, or NONE");
@@ -6542,7 +6552,7 @@ KVA_API kva_status kva_seq_truncate(kva_cache *c, int seq, int n_keep) {
   KVA__REFUSE(c, n_keep > s->len, KVA_ERR_ARG);
   /* after eviction a slot is no longer its position, except in the newest
      step: its tokens were appended after the eviction, at the end */
-  KVA__REFUSE(c, s->pos != s->len && n_keep < s->len - s->last_append, KVA_ERR_UNSUPPORTED);
+  KVA__REFUSE(c, (s->pos != s->len || s->n_empty > 0) && n_keep < s->len - s->last_append, KVA_ERR_UNSUPPORTED);
   /* a WINDOW / CHUNK group must still hold what the next query sees */
   KVA__REFUSE(c, !kva__spans_hold(c, s, n_keep), KVA_ERR_UNSUPPORTED);
   keep_blocks = kva__blocks_for(c, n_keep);
@@ -6573,7 +6583,7 @@ KVA_API kva_status kva_seq_accept(kva_cache *c, int seq, int n_new, const int32_
   for (j = 0; j < n_keep; j++)
     KVA__REFUSE(c, keep[j] < 0 || keep[j] >= n_new || (j > 0 && keep[j] <= keep[j - 1]), KVA_ERR_ARG);
   /* after eviction only the newest step's slots are still its positions, in order */
-  KVA__REFUSE(c, s->pos != s->len && n_new > s->last_append, KVA_ERR_UNSUPPORTED);
+  KVA__REFUSE(c, (s->pos != s->len || s->n_empty > 0) && n_new > s->last_append, KVA_ERR_UNSUPPORTED);
   start = s->len - n_new;
   new_len = start + n_keep;
   for (first = 0; first < n_keep && keep[first] == first; first++) {
@@ -6740,7 +6750,7 @@ KVA_API kva_status kva_seq_publish(kva_cache *c, int seq, const int32_t *tokens,
   s = kva__seq_get(c, seq);
   if (!s) return kva__refuse(c, KVA_ERR_SEQ, __func__, "no live sequence has this id");
   KVA__REFUSE(c, n_tokens > s->len, KVA_ERR_ARG);
-  KVA__REFUSE(c, s->pos != s->len, KVA_ERR_UNSUPPORTED); /* evicted tokens: blocks no longer match token ids */
+  KVA__REFUSE(c, s->pos != s->len || s->n_empty > 0, KVA_ERR_UNSUPPORTED); /* evicted: slots are not token ids */
   if (n_tokens == 0) return KVA_OK;
   n_full = n_tokens / c->bs;
   KVA__REFUSE_WHY(c, (long)n_full * c->bs > (long)kva__first_unstored(c, s), KVA_ERR_NOT_STORED,
@@ -6829,11 +6839,14 @@ KVA_API kva_status kva_seq_new_prefix(kva_cache *c, const int32_t *tokens, int n
 /* Forget every published block (after new weights or new FP8 scales). */
 KVA_API kva_status kva_cache_reset_prefix(kva_cache *c) {
   int b;
+  long forgotten;
   KVA__REFUSE(c, !c, KVA_ERR_ARG);
+  forgotten = c->prefix_forgotten; /* (counts what age or room forgets, not a reset) */
   c->tier_quiet = 1; /* forgotten on purpose: nothing goes to the tier */
   for (b = 0; b < c->n_blocks; b++)
     if (c->blk[b].published) kva__unpublish(c, b);
   c->tier_quiet = 0;
+  c->prefix_forgotten = forgotten;
   return KVA_OK;
 }
 
@@ -6908,6 +6921,8 @@ KVA_API kva_status kva_prefix_load(kva_cache *c, const void *record, size_t size
       *outcome = KVA_PREFIX_NO_PARENT;
       return KVA_OK;
     }
+    /* (a chain keeps one salt: a lookup under the parent's could never reach this block) */
+    KVA__REFUSE_WHY(c, c->blk[parent].salt != salt, KVA_ERR_STREAM, "the record's salt is not its parent's");
     for (a = parent; a >= 0; a = c->blk[a].parent) depth++; /* the blocks before it: its slots' positions */
   }
   if (kva__prefix_find(c, parent, parent >= 0 ? c->blk[parent].pub_gen : 0, salt, tok) >= 0) {
@@ -6985,7 +7000,7 @@ static inline uint64_t kva__stream_checksum(const void *p, size_t n) {
 static inline int kva__seq_prefix_blocks(const kva_cache *c, const kva__seq *s) {
   int i, limit = s->len - s->last_append, unstored = kva__first_unstored(c, s);
   if (unstored < limit) limit = unstored;
-  if (s->pos != s->len) return 0;
+  if (s->pos != s->len || s->n_empty > 0) return 0;
   for (i = 0; i < s->n_blocks && (long)(i + 1) * c->bs <= limit; i++) {
     const kva__block *k = &c->blk[s->table[i]];
     if (!k->published || k->salt != c->blk[s->table[0]].salt) break;
@@ -7478,7 +7493,7 @@ static inline void kva__cache_view(const kva_cache *c, const kva__seq *s, int la
   w->k_row = c->k_row[layer];
   w->v_row = c->v_row[layer];
   w->table = kva__layer_table(c, s, layer);
-  w->slots_are_positions = s->pos == s->len; /* nothing evicted */
+  w->slots_are_positions = s->pos == s->len && s->n_empty == 0; /* nothing evicted */
   w->has_empty = s->n_empty > 0;
   if (w->has_empty) w->pos_max = KVA_POS_EMPTY;
   w->block_pos = c->block_pos ? c->block_pos + (size_t)layer * (size_t)c->n_blocks * (size_t)c->G * (size_t)c->bs : NULL;
@@ -7593,7 +7608,8 @@ static inline int kva__select_blocks(const kva__kv_view *w, int n, int32_t qpos,
     if (i + KVA__SELECT_AHEAD < recent_begin)
       kva__prefetch_span(w->bounds + (size_t)table[i + KVA__SELECT_AHEAD] * block_bounds + (size_t)g * head_bounds,
                          4 * (size_t)P->D);
-    for (r = 0; r < P->R; r += 4) { /* four query heads per pass over the bounds */
+    /* a block where the head holds no token (its slots empty) has no bound: chosen last, if at all */
+    for (r = w->has_empty && kva__bounds_empty(lohi, P->D) ? P->R : 0; r < P->R; r += 4) { /* four query heads per pass */
       const float *qr[4];
       float b[4];
       int nr = P->R - r < 4 ? P->R - r : 4, t;

@@ -11,9 +11,11 @@
  * append incl. 0 / pool-exhausting / negative sizes, store, fork, free,
  * publish + immediate re-query, truncate, attend_cache vs the double
  * reference, fits, reset_prefix, stale ids, eviction policies with demotion,
- * compress, export) on which sequence with which sizes and tokens.  After every operation the
- * model checks the stats invariants and the exact read-back of every live
- * sequence; on KVA_ERR_FULL, that nothing changed.  A violated check prints
+ * compress, export; with a prefix tier: spills and fetches through a store
+ * that fails, corrupts or misfiles records, kva_prefix_save, kva_prefix_load,
+ * restarts) on which sequence with which sizes and tokens.  After every
+ * operation the model checks the stats invariants and the exact read-back of
+ * every live sequence; on KVA_ERR_FULL, that nothing changed.  A violated check prints
  * what and traps; ASan/UBSan/LeakSanitizer catch the rest. */
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.head_dim = 1 + ((data[0] >> 3) & 3);
   cfg.v_dim = (data[0] >> 5) & 3; /* 0 => head_dim */
   cfg.block_size = 1 + data[1] % 5;
+  cfg.tier = (data[1] / 5) % 2; /* a prefix tier: the shadow's store, misbehaving now and then */
   cfg.n_blocks = 1 + data[2] % 12;
   cfg.max_seqs = 1 + data[3] % 5;
   cfg.prefix_max_age = data[4] % 5;

@@ -28,6 +28,43 @@
  *    recycled or aged in between: only kva_seq_append takes blocks or ages).
  * Exact LRU behaviour has directed tests in test_paged.c.
  *
+ * Prefix tier (docs/API.md "Prefix tier", pm_config.tier): spill and fetch
+ * go to a store inside the shadow, key -> record, that misbehaves at random
+ * per operation (spills refused, some kept anyway as after a timeout;
+ * fetches that miss, or answer with a flipped bit, a cut or oversized
+ * record, another key's record, or a forged one), and drops records when
+ * full, as a real store may.  Because content is honest, a record is fully
+ * determined by its prefix: every key the shadow publishes is registered
+ * with its chain (kva_prefix_key of the parent's key, itself checked against
+ * kva_sha256 of the documented bytes), so each spilled record is checked
+ * field by field, rows against the honest content as stored, and a second
+ * spill of a key must give the same bytes.  Memory is still known only as a
+ * bound, the published-key set, now grown by fetches and loads and shrunk
+ * by every spill that forgets (nothing may be reused from memory after it
+ * left), and a lookup is checked against the documented walk instead of
+ * exact state: its fetches follow its own chain in order, none for blocks
+ * memory is known to hold (just published, saved or loaded); it stops at
+ * the first miss or refusal, reuses every intact record (bit for bit, at
+ * positions from the block's depth: the read-back checks), and stops short
+ * without asking the store only when no free or cached block is left.
+ * Spills come only from calls that may forget (append, compress, a lookup
+ * recycling for a fetch) and kva_prefix_save, never from a reset (which,
+ * being neither age nor recycling, counts nothing in prefix_forgotten);
+ * descendants before ancestors when forgetting, parents first when saving;
+ * prefix_forgotten equals the forgetting spills, and every tier_* counter
+ * equals what the store saw.  Setup checks the description rules (both
+ * callbacks or neither; no layer groups, no LATENT) and, without a tier,
+ * record size 0 and save / load refused.
+ * A restart (destroy, create over the same store, kva_prefix_load of every
+ * record in random order, in passes until one loads nothing) is where
+ * memory is known exactly: every load outcome (LOADED, IN_MEMORY, NO_PARENT,
+ * KVA_ERR_FULL, KVA_ERR_STREAM for corrupted or forged records) is exact,
+ * and loaded prefixes are then reused without the store.  A twin cache of
+ * the same record size and another storage type must refuse every record.
+ * Forging needs a right checksum and the docs give only its shape: that is
+ * the one use of an internal (kva__stream_checksum), so that a changed key,
+ * parent key, salt or token id reaches the field and self-key checks.
+ *
  * Eviction (docs/API.md "Eviction", "Eviction scorers", "Demotion"): with
  * evict_support ALL or WINDOW a random operation sets a policy on a sequence
  * (WINDOW with sinks, SCORE with n_sink / n_recent and the deterministic
@@ -170,6 +207,7 @@ typedef struct {
   int evict_support;      /* the cache's: ALL or WINDOW let the run set policies */
   kva_dtype demote_dtype; /* the demoted pool's type (DEFAULT: none; F32, F16 or BF16); needs evict_support != NONE */
   int demote_blocks;      /* its blocks (0: n_blocks) */
+  int tier;               /* 1: spill / fetch into the shadow's store (docs "Prefix tier") */
 } pm_config;
 
 #define PM_HIST 12
@@ -192,6 +230,53 @@ typedef struct {
   float s;
   int32_t p;
 } pm_cand;
+
+/* ---------------------------------------------------------------- tier types */
+#define PM_F_MISS 0   /* a fetch answered with a status other than KVA_OK */
+#define PM_F_INTACT 1 /* ... with the record spilled under that key, untouched: it must be reused */
+#define PM_F_BAD 2    /* ... with KVA_OK and a record that must be refused */
+
+/* one block key the shadow published (since the run began), and the record the store holds under it */
+typedef struct {
+  uint8_t key[32];
+  uint64_t salt, ph0, ph; /* the shadow's prefix hash before the block and at its end */
+  int depth, up;          /* its index in the chain; the entry of the block before it (-1: a first block) */
+  int32_t *tok;           /* [bs] */
+  unsigned char *rec;     /* the store's record, NULL when the store does not hold one */
+  long stamp;             /* the call that last spilled it */
+  int loaded;             /* a restart's load phase took it in */
+} pm_tkey;
+
+typedef struct {
+  int on;
+  size_t rsize, hdr; /* the record size; bytes before the token ids */
+  int esz;           /* bytes per stored value */
+  kva_dtype type;    /* the storage type records must name */
+  pm_tkey *e;        /* every key published, in order */
+  int n, cap;
+  int *idx; /* open addressing over e by the key's first bytes (-1 empty) */
+  int icap;
+  int *held; /* entries whose record the store holds */
+  int n_held, max_held;
+  /* what the running call may do, and how the store misbehaves meanwhile */
+  int allow_spill, allow_fetch, in_save, twin;
+  int spill_fail_pct, fetch_bad_pct;
+  long stamp;
+  /* totals since the cache was created: its stats must say the same */
+  long spills, spill_errors, fetch_hits, fetch_misses, fetch_refused, loads, forgets;
+  long tw_fetches, tw_refused;
+  /* the running call's traffic */
+  int n_spill_op, n_spill_ok_op;
+  int *spilled, spilled_cap; /* the entry of each spill (-1: an unknown key) */
+  uint8_t (*fkey)[32];       /* [fcap] keys fetched by the running lookup, in order */
+  unsigned char *fout;       /* [fcap] PM_F_*, then [fcap] scratch */
+  int n_fetch, fcap;
+  uint8_t (*qkey)[32]; /* [fcap] the running lookup's chain of keys */
+  int qn;
+  uint64_t *phs;        /* [bs] scratch */
+  unsigned char *buf;   /* rsize + 64 */
+  unsigned char *msg;   /* the documented key message */
+} pm_tier;
 
 typedef struct pm_model_s {
   pm_config cfg;
@@ -231,6 +316,9 @@ typedef struct pm_model_s {
   long n_ops, n_full, n_hit_tokens, n_cow, n_lower, n_attend, n_never, n_later;
   long n_policies, n_evictions, n_evicted, n_demoted, n_dropped, n_score_fail, n_dm_full, n_refused, n_compress,
       n_dm_attend, n_uneven;
+  pm_tier tier;
+  long n_spilled, n_fetched, n_fetch_bad, n_fetch_miss, n_loaded, n_load_refused, n_restarts, n_saves, n_twins,
+      n_tier_tokens;
 } pm_model;
 
 static inline size_t pm_kidx(const pm_model *m, int pos, int l) {
@@ -256,14 +344,19 @@ static inline int pm_blocks(const pm_model *m, long tokens) { return (int)((toke
 
 static inline void pm_stats(const pm_model *m, kva_cache_stats *st) { kva_cache_get_stats(m->c, st); }
 
-/* every field equal (appends_failed too unless skip_failed), the demoted pool's too */
+/* every field equal (appends_failed too unless skip_failed), the demoted pool's and the tier's too */
 static inline int pm_stats_same(const kva_cache_stats *a, const kva_cache_stats *b, int skip_failed) {
   return kt_stats_equal(a, b, skip_failed) && a->bytes_used == b->bytes_used &&
          a->demote_blocks == b->demote_blocks && a->demote_blocks_used == b->demote_blocks_used &&
-         a->demote_block_bytes == b->demote_block_bytes;
+         a->demote_block_bytes == b->demote_block_bytes && a->tier_spills == b->tier_spills &&
+         a->tier_spill_errors == b->tier_spill_errors && a->tier_fetch_hits == b->tier_fetch_hits &&
+         a->tier_fetch_misses == b->tier_fetch_misses && a->tier_fetch_refused == b->tier_fetch_refused &&
+         a->tier_loads == b->tier_loads;
 }
 
-/* --- published-key set --- */
+/* --- published-key set: the shadow's prefix hashes of the blocks memory may hold --- */
+#define PM_TOMB UINT64_MAX /* a key spilled by forgetting: memory lost it */
+static inline uint64_t pm_pub_norm(uint64_t key) { return !key ? 1 : key == PM_TOMB ? PM_TOMB - 1 : key; }
 static inline void pm_pub_clear(pm_model *m) {
   memset(m->pub, 0, sizeof(uint64_t) * (size_t)m->pub_cap);
   m->pub_n = 0;
@@ -271,25 +364,35 @@ static inline void pm_pub_clear(pm_model *m) {
 }
 static inline int pm_pub_has(const pm_model *m, uint64_t key) {
   size_t i, mask = (size_t)m->pub_cap - 1;
-  if (!key) key = 1;
+  key = pm_pub_norm(key);
   for (i = (size_t)(key & mask);; i = (i + 1) & mask) {
     if (m->pub[i] == key) return 1;
     if (m->pub[i] == 0) return 0;
   }
 }
+static inline void pm_pub_del(pm_model *m, uint64_t key) {
+  size_t i, mask = (size_t)m->pub_cap - 1;
+  key = pm_pub_norm(key);
+  for (i = (size_t)(key & mask); m->pub[i]; i = (i + 1) & mask)
+    if (m->pub[i] == key) {
+      m->pub[i] = PM_TOMB;
+      return;
+    }
+}
 static inline void pm_pub_add(pm_model *m, uint64_t key) {
   size_t i, mask;
-  if (!key) key = 1;
+  key = pm_pub_norm(key);
   if (pm_pub_has(m, key)) return;
-  if (2 * (m->pub_n + 1) > m->pub_cap) { /* grow */
+  if (2 * (m->pub_n + 1) > m->pub_cap) { /* rehash: tombstones go; grow if the live keys need it */
     uint64_t *old = m->pub;
-    int j, oc = m->pub_cap;
-    m->pub_cap *= 2;
+    int j, oc = m->pub_cap, live = 0;
+    for (j = 0; j < oc; j++) live += old[j] && old[j] != PM_TOMB;
+    if (4 * (live + 1) > oc) m->pub_cap *= 2;
     m->pub = (uint64_t *)calloc((size_t)m->pub_cap, sizeof(uint64_t));
     if (!m->pub) abort();
     m->pub_n = 0;
     for (j = 0; j < oc; j++)
-      if (old[j]) {
+      if (old[j] && old[j] != PM_TOMB) {
         mask = (size_t)m->pub_cap - 1;
         for (i = (size_t)(old[j] & mask); m->pub[i]; i = (i + 1) & mask) {
         }
@@ -303,6 +406,455 @@ static inline void pm_pub_add(pm_model *m, uint64_t key) {
   }
   m->pub[i] = key;
   m->pub_n++;
+}
+
+/* ---------------------------------------------------------------- tier: keys and store */
+static inline uint64_t pm_tk_hash(const uint8_t *key) {
+  uint64_t h;
+  memcpy(&h, key, 8);
+  return h;
+}
+static inline int pm_tk_find(const pm_tier *t, const uint8_t *key) {
+  size_t i, mask;
+  if (!t->icap) return -1;
+  mask = (size_t)t->icap - 1;
+  for (i = (size_t)(pm_tk_hash(key) & mask);; i = (i + 1) & mask) {
+    int x = t->idx[i];
+    if (x < 0) return -1;
+    if (!memcmp(t->e[x].key, key, 32)) return x;
+  }
+}
+static inline void pm_tk_index(pm_tier *t, int x) {
+  size_t i, mask = (size_t)t->icap - 1;
+  for (i = (size_t)(pm_tk_hash(t->e[x].key) & mask); t->idx[i] >= 0; i = (i + 1) & mask) {
+  }
+  t->idx[i] = x;
+}
+
+/* SHA-256 of the bytes docs/API.md names: "kvattn-prefix-1", the parent's
+   key (zeros for a first block), the salt and the token ids, little-endian */
+static inline void pm_key_doc(pm_model *m, const uint8_t *parent, uint64_t salt, const int32_t *tok, uint8_t *key) {
+  unsigned char *p = m->tier.msg;
+  int i, b;
+  memcpy(p, "kvattn-prefix-1", 15);
+  if (parent) memcpy(p + 15, parent, 32);
+  else memset(p + 15, 0, 32);
+  for (b = 0; b < 8; b++) p[47 + b] = (unsigned char)(salt >> (8 * b));
+  for (i = 0; i < m->bs; i++)
+    for (b = 0; b < 4; b++) p[55 + 4 * i + b] = (unsigned char)((uint32_t)tok[i] >> (8 * b));
+  kva_sha256(p, (size_t)(55 + 4 * m->bs), key);
+}
+
+/* a key the shadow publishes for the first time: kva_prefix_key must be the documented hash */
+static inline int pm_tk_add(pm_model *m, const uint8_t *key, int up, uint64_t salt, uint64_t ph0, const int32_t *tok) {
+  pm_tier *t = &m->tier;
+  pm_tkey *e;
+  uint8_t doc[32], zero[32];
+  int i, x;
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 64;
+    t->e = (pm_tkey *)realloc(t->e, sizeof(pm_tkey) * (size_t)t->cap);
+    if (!t->e) abort();
+  }
+  if (2 * (t->n + 1) > t->icap) {
+    t->icap = t->icap ? 2 * t->icap : 128;
+    free(t->idx);
+    t->idx = (int *)malloc(sizeof(int) * (size_t)t->icap);
+    if (!t->idx) abort();
+    for (i = 0; i < t->icap; i++) t->idx[i] = -1;
+    for (i = 0; i < t->n; i++) pm_tk_index(t, i);
+  }
+  x = t->n++;
+  e = &t->e[x];
+  memcpy(e->key, key, 32);
+  e->salt = salt;
+  e->up = up;
+  e->depth = up >= 0 ? t->e[up].depth + 1 : 0;
+  e->ph0 = ph0;
+  e->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)m->bs);
+  if (!e->tok) abort();
+  memcpy(e->tok, tok, sizeof(int32_t) * (size_t)m->bs);
+  for (i = 0; i < m->bs; i++) ph0 = pm_ph_next(ph0, tok[i]);
+  e->ph = ph0;
+  e->rec = NULL;
+  e->stamp = -1;
+  e->loaded = 0;
+  pm_tk_index(t, x);
+  pm_key_doc(m, up >= 0 ? t->e[up].key : NULL, salt, tok, doc);
+  PM_CHECK(!memcmp(doc, key, 32), "kva_prefix_key (depth %d, salt %llx) is not SHA-256 of the documented bytes",
+           e->depth, (unsigned long long)salt);
+  if (up < 0) {
+    memset(zero, 0, 32);
+    kva_prefix_key(zero, salt, tok, m->bs, doc);
+    PM_CHECK(!memcmp(doc, key, 32), "kva_prefix_key: a NULL parent differs from 32 zero bytes");
+  }
+  return x;
+}
+
+/* kva_seq_publish(q, nfull blocks): every block's key joins the registry */
+static inline void pm_tier_publish(pm_model *m, const pm_seq *q, int nfull) {
+  pm_tier *t = &m->tier;
+  uint8_t key[2][32];
+  int j, up = -1, x;
+  if (!t->on) return;
+  for (j = 0; j < nfull; j++) {
+    kva_prefix_key(j ? key[(j - 1) & 1] : NULL, q->salt, q->tok + (size_t)j * m->bs, m->bs, key[j & 1]);
+    x = pm_tk_find(t, key[j & 1]);
+    if (x < 0)
+      x = pm_tk_add(m, key[j & 1], up, q->salt, j ? q->ph[j * m->bs - 1] : pm_ph0(q->salt), q->tok + (size_t)j * m->bs);
+    up = x;
+  }
+}
+
+/* the running lookup's chain of keys, blocks [qn, upto) computed now */
+static inline void pm_tier_qkeys(pm_model *m, uint64_t salt, const int32_t *tok, int upto) {
+  pm_tier *t = &m->tier;
+  if (upto > t->fcap) upto = t->fcap;
+  for (; t->qn < upto; t->qn++)
+    kva_prefix_key(t->qn ? t->qkey[t->qn - 1] : NULL, salt, tok + (size_t)t->qn * m->bs, m->bs, t->qkey[t->qn]);
+}
+
+/* the tokens of entry x's whole prefix into out[(depth + 1) bs] */
+static inline void pm_tier_tokens(const pm_model *m, int x, int32_t *out) {
+  const pm_tier *t = &m->tier;
+  for (; x >= 0; x = t->e[x].up)
+    memcpy(out + (size_t)t->e[x].depth * m->bs, t->e[x].tok, sizeof(int32_t) * (size_t)m->bs);
+}
+
+/* NULL when rec is the record docs/API.md "Records" describes for entry e
+   (its rows the honest content of e's prefix, as stored), else the first
+   field that is not */
+static inline const char *pm_rec_why(pm_model *m, const pm_tkey *e, const unsigned char *r, size_t size) {
+  pm_tier *t = &m->tier;
+  uint32_t u;
+  uint64_t w;
+  int32_t f[7];
+  float sc;
+  int l, g, i, d, kv;
+  size_t o;
+  uint8_t zero[32];
+  if (size != t->rsize) return "size (not kva_prefix_record_size)";
+  if (memcmp(r, "kvattnPB", 8)) return "magic";
+  memcpy(&u, r + 8, 4);
+  if (u != 1) return "version";
+  memcpy(&u, r + 12, 4);
+  if (u != 0x01020304u) return "byte order";
+  memcpy(&w, r + 16, 8);
+  if (w != (uint64_t)t->rsize) return "size field";
+  if (memcmp(r + 24, e->key, 32)) return "key field";
+  memset(zero, 0, 32);
+  if (memcmp(r + 56, e->up >= 0 ? t->e[e->up].key : zero, 32)) return "parent key field (not the chain's)";
+  memcpy(&w, r + 88, 8);
+  if (w != e->salt) return "salt";
+  memcpy(f, r + 96, sizeof f);
+  if (f[0] != KVA_CACHE_KV || f[1] != m->L || f[2] != m->G || f[3] != m->D || f[4] != m->DV || f[5] != m->bs ||
+      f[6] != 0)
+    return "kind / shape / rotate fields";
+  memcpy(&u, r + 124, 4);
+  if (u != 0) return "reserved word";
+  for (o = 128, l = 0; l < m->L; l++) {
+    memcpy(&u, r + o, 4);
+    if (u != (uint32_t)t->type) return "K storage type";
+    memcpy(&u, r + o + 4, 4);
+    if (u != (uint32_t)t->type) return "V storage type";
+    for (o += 8, i = 0; i < 2 * m->G; i++, o += 4) {
+      memcpy(&sc, r + o, 4);
+      if (kt_f2u(sc) != kt_f2u(1.0f)) return "FP8 scales (1 for other types)";
+    }
+  }
+  if (memcmp(r + o, e->tok, sizeof(int32_t) * (size_t)m->bs)) return "token ids";
+  o += sizeof(int32_t) * (size_t)m->bs;
+  for (i = 0; i < m->bs; i++) t->phs[i] = pm_ph_next(i ? t->phs[i - 1] : e->ph0, e->tok[i]);
+  for (l = 0; l < m->L; l++)
+    for (kv = 0; kv < 2; kv++) {
+      int dim = kv ? m->DV : m->D;
+      for (g = 0; g < m->G; g++)
+        for (i = 0; i < m->bs; i++)
+          for (d = 0; d < dim; d++, o += (size_t)t->esz) {
+            float x = pm_val(t->phs[i], l, kv, g, d);
+            uint16_t h;
+            int same;
+            if (t->esz == 4) {
+              memcpy(&sc, r + o, 4);
+              same = kt_f2u(sc) == kt_f2u(x);
+            } else {
+              memcpy(&h, r + o, 2);
+              same = h == (t->type == KVA_BF16 ? kva_f32_to_bf16(x) : kva_f32_to_f16(x));
+            }
+            if (!same) return kv ? "V rows (not the honest content)" : "K rows (not the honest content)";
+          }
+    }
+  if (o + 8 != t->rsize) return "layout (rows and checksum not ending at the record size)";
+  return NULL;
+}
+
+/* the store keeps at most max_held records, dropping a random one for room
+   (a store may lose records: later fetches miss) */
+static inline void pm_tier_hold(pm_model *m, int x, const void *rec) {
+  pm_tier *t = &m->tier;
+  pm_tkey *e = &t->e[x];
+  if (e->rec) {
+    PM_CHECK(!memcmp(e->rec, rec, t->rsize), "op %s: the record of a block (depth %d) changed between two spills",
+             m->op, e->depth);
+    memcpy(e->rec, rec, t->rsize);
+    return;
+  }
+  if (t->n_held == t->max_held) {
+    int k = pm_int(m->src, 0, t->n_held - 1), y = t->held[k], last = t->held[--t->n_held];
+    free(t->e[y].rec);
+    t->e[y].rec = NULL;
+    if (k < t->n_held) t->held[k] = last;
+  }
+  e->rec = (unsigned char *)malloc(t->rsize);
+  if (!e->rec) abort();
+  memcpy(e->rec, rec, t->rsize);
+  t->held[t->n_held++] = x;
+}
+
+/* One header or token-id field of record r changed and the checksum made
+   right again: only the field checks can refuse it. docs/API.md describes
+   the checksum's shape but not its constants, so this is the one place the
+   shadow calls an internal (kva__stream_checksum, as test_tier.c does). */
+static inline void pm_tier_forge(pm_model *m, unsigned char *r) {
+  pm_tier *t = &m->tier;
+  /* field f is bytes [at[f], at[f + 1]): magic, version, byte order, size, key, parent key, salt, shape, reserved,
+     types and scales, token ids */
+  int at[12] = {0, 8, 12, 16, 24, 56, 88, 96, 124, 128, 0, 0}, f = pm_int(m->src, 0, 10);
+  uint64_t sum;
+  at[10] = (int)t->hdr;
+  at[11] = (int)t->hdr + 4 * m->bs;
+  r[pm_int(m->src, at[f], at[f + 1] - 1)] ^= (unsigned char)(1u << pm_int(m->src, 0, 7));
+  sum = kva__stream_checksum(r, t->rsize - 8);
+  memcpy(r + t->rsize - 8, &sum, 8);
+}
+
+static inline kva_status pm_tier_err(pm_model *m) {
+  static const kva_status errs[6] = {KVA_ERR_FULL, KVA_ERR_STREAM, KVA_ERR_NOMEM, KVA_ERR_ARG, KVA_ERR_UNSUPPORTED,
+                                     (kva_status)13};
+  return errs[pm_int(m->src, 0, 5)];
+}
+
+/* kva_cache_desc.spill: checks the record against the shadow, then the store
+   takes it or fails */
+static inline kva_status pm_tier_spill(void *user, const uint8_t key[32], const void *rec, size_t size) {
+  pm_model *m = (pm_model *)user;
+  pm_tier *t = &m->tier;
+  const char *why = "an unknown key";
+  int x = pm_tk_find(t, key), a;
+  t->spills++;
+  if (!t->in_save) t->forgets++;
+  m->n_spilled++;
+  PM_CHECK(t->allow_spill, "op %s: spill called (only a call that forgets a block, or kva_prefix_save, may spill)",
+           m->op);
+  if (t->n_spill_op == t->spilled_cap) {
+    t->spilled_cap = t->spilled_cap ? 2 * t->spilled_cap : 64;
+    t->spilled = (int *)realloc(t->spilled, sizeof(int) * (size_t)t->spilled_cap);
+    if (!t->spilled) abort();
+  }
+  t->spilled[t->n_spill_op++] = x;
+  PM_CHECK(x >= 0, "op %s: spill of a key the shadow never published (no prefix of any salt has it)", m->op);
+  if (x >= 0) {
+    pm_tkey *e = &t->e[x];
+    PM_CHECK(pm_pub_has(m, e->ph),
+             "op %s: spill of a block (depth %d) memory cannot hold: not published, fetched or loaded since the last "
+             "reset, or forgotten (spilled) already",
+             m->op, e->depth);
+    why = pm_rec_why(m, e, (const unsigned char *)rec, size);
+    PM_CHECK(!why, "op %s: spilled record (depth %d, %lu bytes): %s differs from docs/API.md \"Records\"", m->op,
+             e->depth, (unsigned long)size, why);
+    if (t->in_save) {
+      PM_CHECK(e->stamp != t->stamp, "op %s: kva_prefix_save handed a block (depth %d) to spill twice", m->op,
+               e->depth);
+      PM_CHECK(e->up < 0 || t->e[e->up].stamp == t->stamp,
+               "op %s: kva_prefix_save spilled a block (depth %d) before its parent (parents before their children)",
+               m->op, e->depth);
+    } else {
+      PM_CHECK(e->stamp != t->stamp, "op %s: a block (depth %d) forgotten twice in one call", m->op, e->depth);
+      for (a = e->up; a >= 0; a = t->e[a].up)
+        if (t->e[a].stamp == t->stamp) {
+          PM_CHECK(0, "op %s: a block (depth %d) spilled after its ancestor (depth %d): descendants are forgotten "
+                   "and spilled before it",
+                   m->op, e->depth, t->e[a].depth);
+          break;
+        }
+      pm_pub_del(m, e->ph); /* forgotten: memory no longer holds it */
+    }
+    e->stamp = t->stamp;
+  }
+  if (pm_int(m->src, 0, 99) < t->spill_fail_pct) {
+    t->spill_errors++;
+    if (!why && pm_chance(m->src, 30)) pm_tier_hold(m, x, rec); /* it was written, the answer timed out */
+    return pm_tier_err(m);
+  }
+  t->n_spill_ok_op++;
+  if (!why) pm_tier_hold(m, x, rec);
+  return KVA_OK;
+}
+
+/* kva_cache_desc.fetch: the record under key, or (fetch_bad_pct) a miss, a
+   flipped bit, a cut or oversized record, another key's record, a forged one */
+static inline kva_status pm_tier_fetch(void *user, const uint8_t key[32], void *rec, size_t cap, size_t *size) {
+  pm_model *m = (pm_model *)user;
+  pm_tier *t = &m->tier;
+  int x = pm_tk_find(t, key), held, out, mode, y;
+  unsigned char *r = (unsigned char *)rec;
+  PM_CHECK(t->allow_fetch, "op %s: fetch called (only kva_seq_new_prefix, when the pool has a block to give, may "
+           "fetch)",
+           m->op);
+  PM_CHECK(cap == t->rsize && rec && size, "op %s: fetch with cap %lu (record size %lu), rec %p, size %p", m->op,
+           (unsigned long)cap, (unsigned long)t->rsize, rec, (void *)size);
+  if (!rec || !size || cap < t->rsize) return KVA_ERR_ARG;
+  held = x >= 0 && t->e[x].rec;
+  if (t->twin) { /* another cache's shape: whatever comes back must be refused */
+    t->tw_fetches++;
+    if (!held) return KVA_ERR_UNSUPPORTED;
+    t->tw_refused++;
+    memcpy(r, t->e[x].rec, t->rsize);
+    *size = t->rsize;
+    return KVA_OK;
+  }
+  if (t->n_fetch >= t->fcap) {
+    PM_CHECK(0, "op %s: more fetches in one lookup than it has blocks", m->op);
+    return KVA_ERR_ARG;
+  }
+  memcpy(t->fkey[t->n_fetch], key, 32);
+  mode = pm_int(m->src, 0, 99) < t->fetch_bad_pct ? pm_int(m->src, 1, 6) : 0;
+  if (mode == 0 && held) {
+    memcpy(r, t->e[x].rec, t->rsize);
+    *size = t->rsize;
+    out = PM_F_INTACT;
+  } else if (mode <= 1 || t->n_held == 0) { /* not there, or the store failed */
+    t->fout[t->n_fetch++] = PM_F_MISS;
+    t->fetch_misses++;
+    m->n_fetch_miss++;
+    return pm_tier_err(m);
+  } else {
+    /* the record under key, else (or, mode 5, anyway) another key's: the held entries are distinct */
+    int k = pm_int(m->src, 0, t->n_held - 1);
+    y = held && mode != 5 ? x : t->held[k] != x ? t->held[k] : t->held[(k + 1) % t->n_held];
+    if (y == x && mode == 5) { /* nothing else stored: a miss */
+      t->fout[t->n_fetch++] = PM_F_MISS;
+      t->fetch_misses++;
+      m->n_fetch_miss++;
+      return pm_tier_err(m);
+    }
+    memcpy(r, t->e[y].rec, t->rsize);
+    *size = t->rsize;
+    if (mode == 2) r[pm_int(m->src, 0, (int)t->rsize - 1)] ^= (unsigned char)(1u << pm_int(m->src, 0, 7));
+    else if (mode == 3) *size = (size_t)pm_int(m->src, 0, (int)t->rsize - 1);
+    else if (mode == 4) *size = t->rsize + (size_t)pm_int(m->src, 1, 64); /* more than cap: not this record */
+    else if (mode == 6) pm_tier_forge(m, r);
+    out = PM_F_BAD;
+  }
+  t->fout[t->n_fetch++] = (unsigned char)out;
+  if (out == PM_F_INTACT) {
+    t->fetch_hits++;
+    m->n_fetched++;
+  } else {
+    t->fetch_refused++;
+    m->n_fetch_bad++;
+  }
+  return KVA_OK;
+}
+
+/* the next library call may spill / fetch (else either is a violation) */
+static inline void pm_tier_begin(pm_model *m, int spill, int fetch) {
+  pm_tier *t = &m->tier;
+  t->allow_spill = spill;
+  t->allow_fetch = fetch;
+  t->stamp++;
+  t->n_spill_op = t->n_spill_ok_op = 0;
+  t->n_fetch = 0;
+}
+static inline void pm_tier_end(pm_model *m) { m->tier.allow_spill = m->tier.allow_fetch = 0; }
+
+/* ---------------------------------------------------------------- tier: lookups */
+/* After kva_seq_new_prefix(tok, n, salt) on a tiered cache reused `reused`
+   tokens: the fetches it made, their answers and the reuse must fit the
+   documented lookup (memory first, then fetch while the pool has a block to
+   give, stop at the first miss or refusal); blocks [0, lower) are known to
+   be in memory. */
+static inline void pm_tier_lookup(pm_model *m, const int32_t *tok, int n, uint64_t salt, int lower, int reused,
+                                  const kva_cache_stats *b, const kva_cache_stats *a) {
+  pm_tier *t = &m->tier;
+  int maxb = n > 0 ? (n - 1) / m->bs : 0, r = reused / m->bs, f, j, last = -1, nint = 0;
+  unsigned char *fetched = t->fout + t->fcap; /* [fcap] scratch beside the answers */
+  uint64_t ph = pm_ph0(salt);
+  t->qn = 0;
+  memset(fetched, 0, (size_t)t->fcap);
+  for (f = 0; f < t->n_fetch; f++) {
+    int found = -1;
+    for (j = last + 1; j < maxb && found < 0; j++) {
+      pm_tier_qkeys(m, salt, tok, j + 1);
+      if (!memcmp(t->qkey[j], t->fkey[f], 32)) found = j;
+    }
+    PM_CHECK(found >= 0,
+             "lookup of %d tokens: fetch %d of %d asked for a key that is no later block of the lookup's chain "
+             "(after block %d, below block %d = (n_tokens - 1) / block_size)",
+             n, f, t->n_fetch, last, maxb);
+    if (found < 0) return;
+    PM_CHECK(found >= lower / m->bs, "lookup fetched block %d, but memory holds blocks 0..%d (just published, saved "
+             "or loaded): memory comes first",
+             found, lower / m->bs - 1);
+    PM_CHECK(f == t->n_fetch - 1 || t->fout[f] == PM_F_INTACT,
+             "lookup went on after fetch %d (block %d) %s: it must stop there", f, found,
+             t->fout[f] == PM_F_MISS ? "missed" : "returned a record to refuse");
+    if (t->fout[f] == PM_F_INTACT) {
+      fetched[found] = 1;
+      nint++;
+    }
+    last = found;
+  }
+  if (t->n_fetch > 0) {
+    PM_CHECK(b->blocks_free + b->blocks_cached > 0, "lookup fetched with no free or cached block in the pool");
+    if (t->fout[t->n_fetch - 1] == PM_F_INTACT)
+      PM_CHECK(reused >= (last + 1) * m->bs,
+               "lookup: block %d came back intact from the store (a record this cache spilled), n_reused %d < %d",
+               last, reused, (last + 1) * m->bs);
+    else
+      PM_CHECK(reused == last * m->bs, "lookup: the fetch of block %d %s, n_reused %d, want %d (it stops there)",
+               last, t->fout[t->n_fetch - 1] == PM_F_MISS ? "missed" : "returned a record to refuse", reused,
+               last * m->bs);
+  }
+  /* blocks reused without a fetch came from memory: the shadow must allow it */
+  for (j = 0; j < r && j < maxb; j++) {
+    int i;
+    for (i = 0; i < m->bs; i++) ph = pm_ph_next(ph, tok[j * m->bs + i]);
+    if (!fetched[j])
+      PM_CHECK(pm_pub_has(m, ph),
+               "lookup reused block %d from memory, but it was not published, fetched or loaded since the last "
+               "reset, or was forgotten (spilled) since",
+               j);
+    else
+      pm_pub_add(m, ph); /* a fetched block is published as if this cache had published it */
+  }
+  m->pub_events += nint;
+  m->n_tier_tokens += (long)nint * m->bs;
+  if (r < maxb && !(t->n_fetch > 0 && last == r))
+    PM_CHECK(a->blocks_free + a->blocks_cached == 0,
+             "lookup stopped at block %d of %d without asking the tier, with %d free and %d cached blocks", r, maxb,
+             a->blocks_free, a->blocks_cached);
+  if (nint == 0)
+    PM_CHECK(t->n_spill_op == 0, "a lookup that fetched no record spilled %d blocks", t->n_spill_op);
+  if (b->blocks_free >= nint)
+    PM_CHECK(t->n_spill_op == 0, "lookup fetched %d blocks with %d free, yet recycled (spilled %d)", nint,
+             b->blocks_free, t->n_spill_op);
+  if (t->n_spill_op == 0)
+    PM_CHECK(a->blocks_free == b->blocks_free - nint && a->blocks_used >= b->blocks_used + nint &&
+                 a->blocks_used - b->blocks_used - nint == b->blocks_cached - a->blocks_cached,
+             "lookup fetching %d blocks (no recycling): used %d->%d cached %d->%d free %d->%d", nint, b->blocks_used,
+             a->blocks_used, b->blocks_cached, a->blocks_cached, b->blocks_free, a->blocks_free);
+  else
+    PM_CHECK(a->blocks_used >= b->blocks_used + nint && a->blocks_used - b->blocks_used <= r,
+             "lookup reusing %d blocks (%d fetched): used %d->%d", r, nint, b->blocks_used, a->blocks_used);
+}
+
+/* a random store behaviour for the next operation */
+static inline void pm_tier_mood(pm_model *m) {
+  int r = pm_int(m->src, 0, 99);
+  m->tier.fetch_bad_pct = r < 65 ? 0 : r < 90 ? 20 : 70;
+  r = pm_int(m->src, 0, 99);
+  m->tier.spill_fail_pct = r < 80 ? 0 : r < 95 ? 25 : 100;
 }
 
 /* ---------------------------------------------------------------- scorer */
@@ -374,6 +926,115 @@ static inline void *pm_zalloc(size_t n) {
   return p;
 }
 
+/* The record size docs/API.md gives, the refusals without a tier, and the
+   description rules of a tier (both callbacks or neither; no layer groups,
+   no LATENT); then the tier's buffers. */
+static inline void pm_tier_init(pm_model *m) {
+  pm_tier *t = &m->tier;
+  kva_cache_desc d;
+  kva_cache *c;
+  kva_layer_group grp;
+  uint8_t dig[32];
+  static const uint8_t abc[32] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+                                  0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+                                  0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+  int n_saved = -5, outcome = -7;
+  unsigned char junk[16];
+  size_t want;
+  t->on = m->cfg.tier;
+  t->type = m->cfg.dtype == KVA_DTYPE_DEFAULT ? KVA_F16 : m->cfg.dtype;
+  t->esz = t->type == KVA_F32 ? 4 : 2;
+  t->hdr = 128 + (size_t)m->L * (8 + 8 * (size_t)m->G);
+  want = t->hdr + 4 * (size_t)m->bs + (size_t)m->L * m->G * m->bs * (m->D + m->DV) * (size_t)t->esz + 8;
+  if (!t->on) {
+    memset(junk, 0, sizeof junk);
+    PM_CHECK(kva_prefix_record_size(m->c) == 0, "kva_prefix_record_size without a tier: %lu, want 0",
+             (unsigned long)kva_prefix_record_size(m->c));
+    PM_CHECK(kva_prefix_save(m->c, &n_saved) == KVA_ERR_UNSUPPORTED, "kva_prefix_save without a tier");
+    PM_CHECK(kva_prefix_load(m->c, junk, sizeof junk, &outcome) == KVA_ERR_UNSUPPORTED,
+             "kva_prefix_load without a tier");
+    return;
+  }
+  t->rsize = want;
+  PM_CHECK(kva_prefix_record_size(m->c) == want, "kva_prefix_record_size %lu, docs/API.md \"Records\" gives %lu",
+           (unsigned long)kva_prefix_record_size(m->c), (unsigned long)want);
+  kva_sha256("abc", 3, dig);
+  PM_CHECK(!memcmp(dig, abc, 32), "kva_sha256(\"abc\") is not FIPS 180-4's");
+  t->fcap = (m->cap + 2 * m->bs) / m->bs + 2;
+  t->fkey = (uint8_t(*)[32])pm_zalloc(32 * (size_t)t->fcap);
+  t->qkey = (uint8_t(*)[32])pm_zalloc(32 * (size_t)t->fcap);
+  t->fout = (unsigned char *)pm_zalloc(2 * (size_t)t->fcap);
+  t->phs = (uint64_t *)pm_zalloc(sizeof(uint64_t) * (size_t)m->bs);
+  t->buf = (unsigned char *)pm_zalloc(t->rsize + 64);
+  t->msg = (unsigned char *)pm_zalloc(55 + 4 * (size_t)m->bs);
+  t->max_held = 2 * m->nb + 16;
+  t->held = (int *)pm_zalloc(sizeof(int) * (size_t)t->max_held);
+  d = m->desc;
+  d.fetch = NULL;
+  c = NULL;
+  PM_CHECK(kva_cache_create(&d, &c) == KVA_ERR_ARG, "a description with spill and no fetch: not KVA_ERR_ARG");
+  kva_cache_destroy(c);
+  d = m->desc;
+  d.spill = NULL;
+  c = NULL;
+  PM_CHECK(kva_cache_create(&d, &c) == KVA_ERR_ARG, "a description with fetch and no spill: not KVA_ERR_ARG");
+  kva_cache_destroy(c);
+  /* each made without a tier first, so that the refusal is the tier's */
+  memset(&grp, 0, sizeof grp);
+  grp.kind = KVA_SPAN_WINDOW;
+  grp.window = 2 * m->bs;
+  d = m->desc;
+  d.demote_dtype = KVA_DTYPE_DEFAULT;
+  d.demote_blocks = 0;
+  d.spill = NULL;
+  d.fetch = NULL;
+  d.n_groups = 1;
+  d.groups = &grp;
+  c = NULL;
+  if (kva_cache_create(&d, &c) == KVA_OK) {
+    kva_cache_destroy(c);
+    d.spill = m->desc.spill;
+    d.fetch = m->desc.fetch;
+    c = NULL;
+    PM_CHECK(kva_cache_create(&d, &c) == KVA_ERR_UNSUPPORTED, "a tier with layer groups: not KVA_ERR_UNSUPPORTED");
+    kva_cache_destroy(c);
+  }
+  d.n_groups = 0;
+  d.groups = NULL;
+  d.spill = NULL;
+  d.fetch = NULL;
+  d.kind = KVA_CACHE_LATENT;
+  d.v_dim = 0;
+  c = NULL;
+  if (kva_cache_create(&d, &c) == KVA_OK) {
+    kva_cache_destroy(c);
+    d.spill = m->desc.spill;
+    d.fetch = m->desc.fetch;
+    c = NULL;
+    PM_CHECK(kva_cache_create(&d, &c) == KVA_ERR_UNSUPPORTED, "a tier on a LATENT cache: not KVA_ERR_UNSUPPORTED");
+    kva_cache_destroy(c);
+  }
+}
+
+static inline void pm_tier_free(pm_model *m) {
+  pm_tier *t = &m->tier;
+  int i;
+  for (i = 0; i < t->n; i++) {
+    free(t->e[i].tok);
+    free(t->e[i].rec);
+  }
+  free(t->e);
+  free(t->idx);
+  free(t->held);
+  free(t->spilled);
+  free(t->fkey);
+  free(t->qkey);
+  free(t->fout);
+  free(t->phs);
+  free(t->buf);
+  free(t->msg);
+}
+
 static inline kva_status pm_init(pm_model *m, const pm_config *cfg, pm_src *src) {
   int i;
   kva_status st;
@@ -393,6 +1054,11 @@ static inline kva_status pm_init(pm_model *m, const pm_config *cfg, pm_src *src)
   m->desc.evict_support = cfg->evict_support;
   m->desc.demote_dtype = cfg->demote_dtype;
   m->desc.demote_blocks = cfg->demote_blocks;
+  if (cfg->tier) {
+    m->desc.spill = pm_tier_spill;
+    m->desc.fetch = pm_tier_fetch;
+    m->desc.tier_user = m;
+  }
   st = kva_cache_create(&m->desc, &m->c);
   if (st != KVA_OK) return st;
   m->L = cfg->n_layers;
@@ -447,6 +1113,7 @@ static inline kva_status pm_init(pm_model *m, const pm_config *cfg, pm_src *src)
   m->prof[1].levels = 1 << 20;
   m->prof[2].levels = 2;
   m->prof[2].inf_pct = 12;
+  pm_tier_init(m);
   return KVA_OK;
 }
 
@@ -475,6 +1142,7 @@ static inline void pm_destroy(pm_model *m) {
   free(m->rpos);
   free(m->mark);
   free(m->cand);
+  pm_tier_free(m);
   memset(m, 0, sizeof *m);
 }
 
@@ -873,6 +1541,23 @@ static inline void pm_check_stats(pm_model *m, double prorated) {
            "the sequences' bytes_prorated add up to %.3f, bytes_used %lu", prorated, (unsigned long)st.bytes_used);
   PM_CHECK(st.block_bytes >= kva_cache_bytes_per_token(&m->desc) * (size_t)m->bs,
            "block_bytes %lu < bytes_per_token * block_size", (unsigned long)st.block_bytes);
+  if (m->tier.on) { /* what the store saw since the cache was made */
+    const pm_tier *t = &m->tier;
+    PM_CHECK(st.tier_spills == t->spills && st.tier_spill_errors == t->spill_errors &&
+                 st.tier_fetch_hits == t->fetch_hits && st.tier_fetch_misses == t->fetch_misses &&
+                 st.tier_fetch_refused == t->fetch_refused && st.tier_loads == t->loads,
+             "stats tier spills %ld errors %ld, fetch hits %ld misses %ld refused %ld, loads %ld; the store saw "
+             "%ld %ld, %ld %ld %ld, %ld",
+             st.tier_spills, st.tier_spill_errors, st.tier_fetch_hits, st.tier_fetch_misses, st.tier_fetch_refused,
+             st.tier_loads, t->spills, t->spill_errors, t->fetch_hits, t->fetch_misses, t->fetch_refused, t->loads);
+    PM_CHECK(st.prefix_forgotten == t->forgets,
+             "prefix_forgotten %ld, but %ld blocks were spilled outside kva_prefix_save (every forgotten block goes "
+             "to the tier)",
+             st.prefix_forgotten, t->forgets);
+  } else
+    PM_CHECK(!st.tier_spills && !st.tier_spill_errors && !st.tier_fetch_hits && !st.tier_fetch_misses &&
+                 !st.tier_fetch_refused && !st.tier_loads,
+             "a cache without a tier counts tier traffic");
 }
 
 static inline void pm_check_all(pm_model *m) {
@@ -1055,7 +1740,9 @@ static inline void pm_do_append(pm_model *m, pm_seq *q, int n) {
   if (pol->kind == KVA_EVICT_SCORE && pl.ne > 0 && f == KVA_FITS_NOW && pm_chance(m->src, 12))
     want_fail = pm_arm_scorer(m);
   fail_mode = m->sc_fail;
+  pm_tier_begin(m, 1, 0); /* taking blocks may recycle (and age out) published ones */
   st = kva_seq_append(m->c, q->id, n);
+  pm_tier_end(m);
   pm_stats(m, &a);
   m->sc_fail = 0;
   if (want_fail != KVA_OK) {
@@ -1287,7 +1974,9 @@ static inline pm_seq *pm_do_new_prefix(pm_model *m, const int32_t *tok, int n, u
     ub++;
   }
   pm_stats(m, &b);
+  pm_tier_begin(m, 1, m->n_live < m->max_seqs);
   st = kva_seq_new_prefix(m->c, tok, n, salt, &id, &reused);
+  pm_tier_end(m);
   pm_stats(m, &a);
   if (m->n_live == m->max_seqs) {
     PM_CHECK(st == KVA_ERR_SEQ_LIMIT, "kva_seq_new_prefix with max_seqs live: %s, want KVA_ERR_SEQ_LIMIT",
@@ -1300,15 +1989,21 @@ static inline pm_seq *pm_do_new_prefix(pm_model *m, const int32_t *tok, int n, u
   PM_CHECK(id >= 0 && !pm_id_seen(m, id), "kva_seq_new_prefix handed out id %d again", id);
   PM_CHECK(reused >= 0 && reused % m->bs == 0 && reused <= maxb * m->bs,
            "n_reused %d for %d tokens (block %d): not a multiple of the block, or > n_tokens - 1", reused, n, m->bs);
-  PM_CHECK(reused <= ub * m->bs,
-           "n_reused %d but only %d tokens of that (salt, tokens) prefix were ever published (since the last reset)",
-           reused, ub * m->bs);
-  PM_CHECK(reused >= lower, "n_reused %d right after publishing %d tokens of it (n_tokens %d)", reused, lower, n);
+  if (!m->tier.on)
+    PM_CHECK(reused <= ub * m->bs,
+             "n_reused %d but only %d tokens of that (salt, tokens) prefix were ever published (since the last reset)",
+             reused, ub * m->bs);
+  PM_CHECK(reused >= lower,
+           "n_reused %d, but memory holds %d tokens of it (just published, saved or loaded; n_tokens %d)", reused,
+           lower, n);
   if (reused < 0 || reused > maxb * m->bs || reused % m->bs) reused = 0; /* keep the model sane */
-  PM_CHECK(a.blocks_free == b.blocks_free && a.blocks_used - b.blocks_used == b.blocks_cached - a.blocks_cached &&
-               a.blocks_used >= b.blocks_used,
-           "kva_seq_new_prefix took blocks (used %d->%d cached %d->%d free %d->%d)", b.blocks_used, a.blocks_used,
-           b.blocks_cached, a.blocks_cached, b.blocks_free, a.blocks_free);
+  if (m->tier.on)
+    pm_tier_lookup(m, tok, n, salt, lower, reused, &b, &a);
+  else
+    PM_CHECK(a.blocks_free == b.blocks_free && a.blocks_used - b.blocks_used == b.blocks_cached - a.blocks_cached &&
+                 a.blocks_used >= b.blocks_used,
+             "kva_seq_new_prefix took blocks (used %d->%d cached %d->%d free %d->%d)", b.blocks_used, a.blocks_used,
+             b.blocks_cached, a.blocks_cached, b.blocks_free, a.blocks_free);
   m->queries += n;
   m->hits += reused;
   m->n_hit_tokens += reused;
@@ -1424,6 +2119,7 @@ static inline void pm_op_publish(pm_model *m) {
   q->last_append = 0;
   nfull = n / m->bs;
   for (j = 0; j < nfull; j++) pm_pub_add(m, q->ph[(j + 1) * m->bs - 1]);
+  pm_tier_publish(m, q, nfull);
   m->pub_events += nfull;
   if (nfull > 0) q->excl = 0; /* its published blocks are shared: eviction must copy them */
   if (nfull > 0) { /* remember the prompt for later queries */
@@ -1599,6 +2295,11 @@ static inline void pm_op_reset(pm_model *m) {
                a.blocks_free == b.blocks_free + b.blocks_cached,
            "after kva_cache_reset_prefix: used %d->%d cached %d->%d free %d->%d", b.blocks_used, a.blocks_used,
            b.blocks_cached, a.blocks_cached, b.blocks_free, a.blocks_free);
+  PM_CHECK(a.prefix_forgotten == b.prefix_forgotten,
+           "kva_cache_reset_prefix counted %ld blocks in prefix_forgotten (docs/API.md \"Statistics\": only "
+           "prefix_max_age and recycling count)",
+           a.prefix_forgotten - b.prefix_forgotten);
+  m->tier.forgets += a.prefix_forgotten - b.prefix_forgotten; /* reported above: the tier's own count stays exact */
   pm_pub_clear(m);
 }
 
@@ -1880,7 +2581,9 @@ static inline void pm_do_compress(pm_model *m, pm_seq *q, int budget) {
   pm_scorer_expect(m, q, pl.ne);
   if (pol->kind == KVA_EVICT_SCORE && stored && pl.ne > 0 && q->excl && pl.dneed <= dfree && pm_chance(m->src, 15))
     want_fail = pm_arm_scorer(m);
+  pm_tier_begin(m, 1, 0); /* copies of shared blocks may recycle published ones */
   st = kva_seq_compress(m->c, q->id, budget);
+  pm_tier_end(m);
   pm_stats(m, &a);
   m->sc_fail = 0;
   m->sc_q = NULL;
@@ -2021,12 +2724,304 @@ static inline void pm_op_export(pm_model *m) {
     PM_CHECK(st == KVA_OK && size > 0, "kva_seq_export(size) = %s, size %lu", kva_status_str(st), (unsigned long)size);
 }
 
+/* ---------------------------------------------------------------- tier ops */
+/* look up the prefix of entry x, plus 1 to bs tokens: with in_memory, memory
+   is known to hold the whole chain (it may not fetch any of it) */
+static inline pm_seq *pm_tier_probe(pm_model *m, int x, int in_memory) {
+  const pm_tkey *e = &m->tier.e[x];
+  int depth = e->depth, n = (depth + 1) * m->bs, i, extra = pm_int(m->src, 1, m->bs);
+  pm_tier_tokens(m, x, m->tbuf);
+  for (i = 0; i < extra; i++) m->tbuf[n + i] = (int32_t)pm_int(m->src, 0, m->cfg.vocab - 1);
+  return pm_do_new_prefix(m, m->tbuf, n + extra, e->salt, in_memory ? n : 0);
+}
+
+/* kva_prefix_save on a tiered cache: every published block to spill, parents
+   first, nothing forgotten. Returns the number of spill calls. */
+static inline int pm_do_save(pm_model *m) {
+  pm_tier *t = &m->tier;
+  kva_cache_stats b, a;
+  kva_status st;
+  int n_saved = -5;
+  pm_stats(m, &b);
+  pm_tier_begin(m, 1, 0);
+  t->in_save = 1;
+  st = kva_prefix_save(m->c, &n_saved);
+  t->in_save = 0;
+  pm_tier_end(m);
+  pm_stats(m, &a);
+  m->n_saves++;
+  PM_CHECK(st == KVA_OK, "kva_prefix_save = %s", kva_status_str(st));
+  PM_CHECK(n_saved == t->n_spill_ok_op, "kva_prefix_save: n_saved %d, spill accepted %d of %d", n_saved,
+           t->n_spill_ok_op, t->n_spill_op);
+  PM_CHECK(a.blocks_used == b.blocks_used && a.blocks_cached == b.blocks_cached && a.blocks_free == b.blocks_free &&
+               a.prefix_forgotten == b.prefix_forgotten,
+           "kva_prefix_save moved or forgot blocks (used %d->%d cached %d->%d free %d->%d forgotten %ld->%ld)",
+           b.blocks_used, a.blocks_used, b.blocks_cached, a.blocks_cached, b.blocks_free, a.blocks_free,
+           b.prefix_forgotten, a.prefix_forgotten);
+  PM_CHECK(t->n_spill_op >= b.blocks_cached && t->n_spill_op <= b.blocks_cached + b.blocks_used,
+           "kva_prefix_save spilled %d blocks; %d cached (all published) and %d used", t->n_spill_op, b.blocks_cached,
+           b.blocks_used);
+  return t->n_spill_op;
+}
+
+static inline void pm_op_save(pm_model *m) {
+  pm_tier *t = &m->tier;
+  kva_cache_stats b, a;
+  int n_saved = -5, k;
+  pm_stats(m, &b);
+  PM_CHECK(kva_prefix_save(NULL, &n_saved) == KVA_ERR_ARG && kva_prefix_save(m->c, NULL) == KVA_ERR_ARG,
+           "kva_prefix_save with a NULL argument: not KVA_ERR_ARG");
+  pm_stats(m, &a);
+  PM_CHECK(pm_stats_same(&a, &b, 0), "refused kva_prefix_save changed the stats");
+  if (pm_do_save(m) > 0 && m->n_live < m->max_seqs && pm_chance(m->src, 60)) {
+    k = t->spilled[pm_int(m->src, 0, t->n_spill_op - 1)];
+    if (k >= 0) pm_tier_probe(m, k, 1); /* it was in memory a moment ago, and still is */
+  }
+}
+
+/* a record of the store as kva_prefix_load gets it: intact, or (corrupt)
+   with a flipped bit, cut, longer than the record, or forged (a field
+   changed, the checksum right: a changed key, parent key, salt or token id
+   leaves the key no kva_prefix_key of the rest). Returns its size. */
+static inline size_t pm_tier_loadbuf(pm_model *m, int x, int corrupt) {
+  pm_tier *t = &m->tier;
+  memcpy(t->buf, t->e[x].rec, t->rsize);
+  memset(t->buf + t->rsize, 0, 64);
+  if (!corrupt) return t->rsize;
+  switch (pm_int(m->src, 0, 3)) {
+  case 0: t->buf[pm_int(m->src, 0, (int)t->rsize - 1)] ^= (unsigned char)(1u << pm_int(m->src, 0, 7)); return t->rsize;
+  case 1: return (size_t)pm_int(m->src, 0, (int)t->rsize - 1);
+  case 2: return t->rsize + (size_t)pm_int(m->src, 1, 64);
+  default: pm_tier_forge(m, t->buf); return t->rsize;
+  }
+}
+
+/* kva_prefix_load of a random stored record into the running cache: the
+   shadow knows memory only as an upper bound, so the outcome is checked
+   against what that bound allows */
+static inline void pm_op_load(pm_model *m) {
+  pm_tier *t = &m->tier;
+  kva_cache_stats b, a;
+  kva_status st;
+  int x, corrupt, outcome = -7, mem_key, mem_parent;
+  size_t size;
+  if (t->n_held == 0) return;
+  x = t->held[pm_int(m->src, 0, t->n_held - 1)];
+  corrupt = pm_chance(m->src, 20);
+  size = pm_tier_loadbuf(m, x, corrupt);
+  pm_stats(m, &b);
+  if (pm_chance(m->src, 10))
+    PM_CHECK(kva_prefix_load(NULL, t->buf, size, &outcome) == KVA_ERR_ARG &&
+                 kva_prefix_load(m->c, NULL, size, &outcome) == KVA_ERR_ARG &&
+                 kva_prefix_load(m->c, t->buf, size, NULL) == KVA_ERR_ARG,
+             "kva_prefix_load with a NULL argument: not KVA_ERR_ARG");
+  st = kva_prefix_load(m->c, t->buf, size, &outcome);
+  pm_stats(m, &a);
+  mem_key = pm_pub_has(m, t->e[x].ph);
+  mem_parent = t->e[x].up < 0 || pm_pub_has(m, t->e[t->e[x].up].ph);
+  if (corrupt || st != KVA_OK) {
+    if (corrupt) m->n_load_refused++;
+    PM_CHECK(corrupt ? st == KVA_ERR_STREAM || (st == KVA_ERR_FULL && b.blocks_free == 0)
+                     : st == KVA_ERR_FULL && b.blocks_free == 0,
+             "kva_prefix_load of %s record (%lu bytes, depth %d), %d free blocks = %s",
+             corrupt ? "a corrupted" : "an intact", (unsigned long)size, t->e[x].depth, b.blocks_free,
+             kva_status_str(st));
+    PM_CHECK(pm_stats_same(&a, &b, 0), "refused kva_prefix_load changed the stats");
+    return;
+  }
+  PM_CHECK(outcome == KVA_PREFIX_LOADED || outcome == KVA_PREFIX_IN_MEMORY || outcome == KVA_PREFIX_NO_PARENT,
+           "kva_prefix_load: outcome %d", outcome);
+  PM_CHECK(outcome != KVA_PREFIX_IN_MEMORY || mem_key,
+           "kva_prefix_load: IN_MEMORY for a block (depth %d) memory cannot hold", t->e[x].depth);
+  PM_CHECK(mem_parent ? outcome != KVA_PREFIX_NO_PARENT || t->e[x].up >= 0 : outcome == KVA_PREFIX_NO_PARENT,
+           "kva_prefix_load of a block (depth %d) whose parent memory %s: outcome %d", t->e[x].depth,
+           mem_parent ? "may hold" : "cannot hold", outcome);
+  if (outcome == KVA_PREFIX_LOADED) {
+    PM_CHECK(b.blocks_free > 0 && a.blocks_free == b.blocks_free - 1 && a.blocks_cached == b.blocks_cached + 1 &&
+                 a.blocks_used == b.blocks_used && a.prefix_forgotten == b.prefix_forgotten,
+             "kva_prefix_load LOADED: used %d->%d cached %d->%d free %d->%d forgotten %ld->%ld (a free block, cached)",
+             b.blocks_used, a.blocks_used, b.blocks_cached, a.blocks_cached, b.blocks_free, a.blocks_free,
+             b.prefix_forgotten, a.prefix_forgotten);
+    t->loads++;
+    m->n_loaded++;
+    pm_pub_add(m, t->e[x].ph);
+    m->pub_events++;
+  } else
+    PM_CHECK(pm_stats_same(&a, &b, 0), "kva_prefix_load with outcome %d changed the stats", outcome);
+  if (outcome != KVA_PREFIX_NO_PARENT && m->n_live < m->max_seqs && pm_chance(m->src, 50))
+    pm_tier_probe(m, x, 1);
+}
+
+/* a lookup of a stored prefix (deep chains, fetches) */
+static inline void pm_op_tier_lookup(pm_model *m) {
+  pm_tier *t = &m->tier;
+  pm_seq *q;
+  if (t->n_held == 0) return;
+  q = pm_tier_probe(m, t->held[pm_int(m->src, 0, t->n_held - 1)], 0);
+  if (q && pm_chance(m->src, 50)) pm_op_free_seq(m, q);
+}
+
+/* another cache of the same record size but another shape or storage type
+   over the same store: every record must be refused, by load and by fetch */
+static inline void pm_tier_twin(pm_model *m) {
+  pm_tier *t = &m->tier;
+  kva_cache_desc d = m->desc;
+  kva_cache *c = NULL;
+  kva_cache_stats st;
+  int x, outcome = -7, id = -1, reused = -1, n;
+  if (t->n_held == 0) return;
+  if (t->type == KVA_F32) { /* F16 rows of twice the dims: the same bytes */
+    d.dtype = KVA_F16;
+    d.head_dim = 2 * m->D;
+    d.v_dim = 2 * m->DV;
+  } else
+    d.dtype = t->type == KVA_F16 ? KVA_BF16 : KVA_F16;
+  if (kva_cache_create(&d, &c) != KVA_OK) return;
+  m->n_twins++;
+  PM_CHECK(kva_prefix_record_size(c) == t->rsize, "twin cache: record size %lu, want %lu",
+           (unsigned long)kva_prefix_record_size(c), (unsigned long)t->rsize);
+  x = t->held[pm_int(m->src, 0, t->n_held - 1)];
+  pm_tier_begin(m, 0, 0);
+  PM_CHECK(kva_prefix_load(c, t->e[x].rec, t->rsize, &outcome) == KVA_ERR_STREAM,
+           "kva_prefix_load of another shape's record (depth %d): not KVA_ERR_STREAM", t->e[x].depth);
+  pm_tier_end(m);
+  n = (t->e[x].depth + 1) * m->bs;
+  pm_tier_tokens(m, x, m->tbuf);
+  m->tbuf[n] = 0;
+  t->twin = 1;
+  t->tw_fetches = t->tw_refused = 0;
+  pm_tier_begin(m, 0, 1);
+  PM_CHECK(kva_seq_new_prefix(c, m->tbuf, n + 1, t->e[x].salt, &id, &reused) == KVA_OK && reused == 0,
+           "twin cache: lookup of a stored prefix reused %d tokens of another shape's records", reused);
+  pm_tier_end(m);
+  t->twin = 0;
+  kva_cache_get_stats(c, &st);
+  PM_CHECK(t->tw_fetches == 1 && st.tier_fetch_refused == t->tw_refused &&
+               st.tier_fetch_misses == t->tw_fetches - t->tw_refused && st.tier_fetch_hits == 0 && st.tier_loads == 0,
+           "twin cache: %ld fetches (%ld answered), stats hits %ld misses %ld refused %ld loads %ld", t->tw_fetches,
+           t->tw_refused, st.tier_fetch_hits, st.tier_fetch_misses, st.tier_fetch_refused, st.tier_loads);
+  pm_tier_begin(m, 0, 0);
+  kva_cache_destroy(c);
+  pm_tier_end(m);
+}
+
+/* A process restart: (maybe kva_prefix_save, then) the cache is destroyed and
+   made again over the same store, which a loader reads back in random order,
+   in passes until one takes nothing in. Memory then holds exactly the loaded
+   records, so every outcome is exact; lookups of loaded prefixes reuse them
+   without the store. */
+static inline void pm_op_restart(pm_model *m) {
+  pm_tier *t = &m->tier;
+  kva_cache_stats b, a;
+  kva_status st;
+  int i, k, progress, full = 0, nloaded = 0, n_order, *order;
+  if (pm_chance(m->src, 50)) pm_do_save(m);
+  pm_tier_begin(m, 0, 0);
+  kva_cache_destroy(m->c);
+  m->c = NULL;
+  st = kva_cache_create(&m->desc, &m->c);
+  pm_tier_end(m);
+  PM_CHECK(st == KVA_OK, "restart: kva_cache_create = %s", kva_status_str(st));
+  if (st != KVA_OK) abort(); /* nothing left to test */
+  m->n_restarts++;
+  for (i = 0; i < m->max_seqs; i++) m->s[i].live = 0;
+  m->n_live = m->n_ids = m->n_dead = 0; /* a new cache may hand out the old ids */
+  m->queries = m->hits = m->cow = m->failed = 0;
+  m->ever_shared = 0;
+  pm_pub_clear(m);
+  t->spills = t->spill_errors = t->fetch_hits = t->fetch_misses = t->fetch_refused = t->loads = t->forgets = 0;
+  PM_CHECK(kva_prefix_record_size(m->c) == t->rsize, "restart: record size changed");
+  if (pm_chance(m->src, 25)) pm_tier_twin(m);
+  n_order = t->n_held;
+  order = (int *)pm_zalloc(sizeof(int) * (size_t)(n_order + 1));
+  memcpy(order, t->held, sizeof(int) * (size_t)n_order);
+  for (i = n_order - 1; i > 0; i--) {
+    int j = pm_int(m->src, 0, i), tmp = order[i];
+    order[i] = order[j];
+    order[j] = tmp;
+  }
+  for (i = 0; i < t->n; i++) t->e[i].loaded = 0;
+  do {
+    progress = 0;
+    for (k = 0; k < n_order && !full; k++) {
+      pm_tkey *e = &t->e[order[k]];
+      int corrupt = pm_chance(m->src, 6), outcome = -7, want;
+      size_t size;
+      if (e->loaded && !pm_chance(m->src, 5)) continue;
+      size = pm_tier_loadbuf(m, order[k], corrupt);
+      pm_stats(m, &b);
+      pm_tier_begin(m, 0, 0);
+      st = kva_prefix_load(m->c, t->buf, size, &outcome);
+      pm_tier_end(m);
+      pm_stats(m, &a);
+      want = e->loaded ? KVA_PREFIX_IN_MEMORY
+                       : e->up >= 0 && !t->e[e->up].loaded ? KVA_PREFIX_NO_PARENT : KVA_PREFIX_LOADED;
+      if (corrupt) {
+        m->n_load_refused++;
+        PM_CHECK(st == KVA_ERR_STREAM || (st == KVA_ERR_FULL && b.blocks_free == 0),
+                 "restart: kva_prefix_load of a corrupted record (%lu bytes) = %s", (unsigned long)size,
+                 kva_status_str(st));
+      } else if (b.blocks_free == 0 && (want == KVA_PREFIX_LOADED || st == KVA_ERR_FULL)) {
+        PM_CHECK(st == KVA_ERR_FULL, "restart: kva_prefix_load with no free block (expected outcome %d) = %s, %d",
+                 want, kva_status_str(st), outcome);
+      } else {
+        PM_CHECK(st == KVA_OK && outcome == want,
+                 "restart: kva_prefix_load of a block (depth %d; %s) = %s, outcome %d, want %d", e->depth,
+                 e->loaded ? "loaded already" : e->up >= 0 && !t->e[e->up].loaded ? "its parent not loaded"
+                                                                                   : "its parent loaded",
+                 kva_status_str(st), outcome, want);
+      }
+      if (st == KVA_OK && outcome == KVA_PREFIX_LOADED) {
+        PM_CHECK(a.blocks_free == b.blocks_free - 1 && a.blocks_cached == b.blocks_cached + 1 &&
+                     a.tier_loads == b.tier_loads + 1,
+                 "restart: LOADED moved free %d->%d cached %d->%d, tier_loads %ld->%ld", b.blocks_free, a.blocks_free,
+                 b.blocks_cached, a.blocks_cached, b.tier_loads, a.tier_loads);
+        e->loaded = 1;
+        nloaded++;
+        progress++;
+        t->loads++;
+        m->n_loaded++;
+        pm_pub_add(m, e->ph);
+        m->pub_events++;
+      } else
+        PM_CHECK(pm_stats_same(&a, &b, 0), "restart: kva_prefix_load (%s, outcome %d) changed the stats",
+                 kva_status_str(st), outcome);
+      if (st == KVA_ERR_FULL) full = 1; /* the rest stay in the store for fetch */
+    }
+  } while (progress && !full);
+  pm_stats(m, &a);
+  PM_CHECK(a.blocks_cached == nloaded && a.blocks_free == m->nb - nloaded && a.tier_loads == nloaded,
+           "restart: %d records loaded: cached %d free %d tier_loads %ld", nloaded, a.blocks_cached, a.blocks_free,
+           a.tier_loads);
+  /* lookups of loaded prefixes: all from memory, the store never asked */
+  for (i = 0; i < 3 && nloaded > 0 && m->n_live < m->max_seqs; i++) {
+    int x = -1;
+    for (k = 0; k < 4 && x < 0; k++) {
+      x = order[pm_int(m->src, 0, n_order - 1)];
+      if (!t->e[x].loaded) x = -1;
+    }
+    if (x >= 0) pm_tier_probe(m, x, 1);
+  }
+  free(order);
+}
+
+/* one of the tier's operations */
+static inline void pm_op_tier(pm_model *m, int r) {
+  if (r < 3) m->op = "load", pm_op_load(m);
+  else if (r < 5) m->op = "save", pm_op_save(m);
+  else if (r < 7) m->op = "tier_lookup", pm_op_tier_lookup(m);
+  else if (pm_chance(m->src, 35)) m->op = "restart", pm_op_restart(m);
+  else m->op = "tier_lookup", pm_op_tier_lookup(m);
+}
+
 /* one random operation, then every check */
 static inline void pm_step(pm_model *m) {
-  int evicts = m->cfg.evict_support != KVA_EVICT_SUPPORT_NONE;
-  int r = pm_int(m->src, 0, evicts ? 123 : 109);
+  int evicts = m->cfg.evict_support != KVA_EVICT_SUPPORT_NONE, hi = evicts ? 123 : 109;
+  int r = pm_int(m->src, 0, hi + (m->tier.on ? 8 : 0));
   if (m->n_live == m->max_seqs && pm_chance(m->src, 30)) r = 66; /* make room now and then */
-  if (r < 4) m->op = "new", pm_op_new(m);
+  if (m->tier.on) pm_tier_mood(m);
+  if (r > hi) pm_op_tier(m, r - hi - 1);
+  else if (r < 4) m->op = "new", pm_op_new(m);
   else if (r < 14) m->op = "new_prefix", pm_op_new_prefix(m);
   else if (r < 24) m->op = "prefill", pm_op_prefill(m);
   else if (r < 46) m->op = "append", pm_op_append(m);

@@ -40,7 +40,7 @@ const char *kt_test_name;
   X(groups)            \
   X(rotate) X(int4)   \
   X(demote)            \
-  X(iscores) X(ivalues) X(select) X(scorers) X(errors) X(seqmem) X(tier)
+  X(iscores) X(ivalues) X(select) X(scorers) X(errors) X(seqmem) X(tier) X(budgets)
 #endif
 
 #define KT_DECLARE(name) void test_##name(void);

@@ -4,7 +4,9 @@
  *    (new, append incl. 0 and pool-exhausting sizes, store, fork, free,
  *    publish, new_prefix, truncate, read, attend_cache, fits, reset_prefix,
  *    stale ids) on several cache shapes, F32 (exact read-back) and F16
- *    (read-back == the f16-rounded value), with prefix_max_age on and off;
+ *    (read-back == the f16-rounded value), with prefix_max_age on and off,
+ *    most of them with a prefix tier (spill / fetch through a store that
+ *    fails and corrupts, kva_prefix_save, kva_prefix_load, restarts);
  *  - directed tests: bad input (NULL cache, bad/stale ids, argument errors
  *    before sequence errors, outputs untouched on failure), ids never handed
  *    out twice, copy-on-write isolation, kva_seq_fits (NOW/LATER/NEVER and the
@@ -77,19 +79,21 @@ static int pg_stats_same(const kva_cache_stats *a, const kva_cache_stats *b) { r
 static void pg_random(void) {
   /* evict_support is set below; a demoted pool needs ALL or WINDOW (configs 0, 1, 3, 6) */
   static const pm_config cfgs[] = {
-      /* L  G  D  DV H   bs nb  seqs age dtype          vocab salts  evict demote   demote_blocks */
-      {2, 2, 3, 2, 4, 4, 24, 6, 0, KVA_F32, 3, 3, 0, KVA_F16, 0},
-      {1, 1, 4, 0, 3, 3, 16, 5, 5, KVA_F16, 2, 2, 0, KVA_F32, 4},
-      {2, 1, 2, 3, 2, 1, 20, 4, 0, KVA_F32, 4, 2, 0, KVA_DTYPE_DEFAULT, 0},
-      {1, 2, 8, 8, 8, 16, 6, 8, 2, KVA_F32, 2, 2, 0, KVA_BF16, 2},
-      {1, 1, 3, 0, 1, 5, 10, 3, 0, KVA_DTYPE_DEFAULT, 2, 4, 0, KVA_DTYPE_DEFAULT, 0},
-      {3, 2, 1, 1, 2, 2, 40, 10, 7, KVA_F32, 2, 3, 0, KVA_DTYPE_DEFAULT, 0},
-      {2, 4, 4, 2, 8, 7, 30, 12, 0, KVA_BF16, 2, 2, 0, KVA_F32, 3},
+      /* L  G  D  DV H   bs nb  seqs age dtype          vocab salts  evict demote   demote_blocks tier */
+      {2, 2, 3, 2, 4, 4, 24, 6, 0, KVA_F32, 3, 3, 0, KVA_F16, 0, 1},
+      {1, 1, 4, 0, 3, 3, 16, 5, 5, KVA_F16, 2, 2, 0, KVA_F32, 4, 1},
+      {2, 1, 2, 3, 2, 1, 20, 4, 0, KVA_F32, 4, 2, 0, KVA_DTYPE_DEFAULT, 0, 0},
+      {1, 2, 8, 8, 8, 16, 6, 8, 2, KVA_F32, 2, 2, 0, KVA_BF16, 2, 1},
+      {1, 1, 3, 0, 1, 5, 10, 3, 0, KVA_DTYPE_DEFAULT, 2, 4, 0, KVA_DTYPE_DEFAULT, 0, 1},
+      {3, 2, 1, 1, 2, 2, 40, 10, 7, KVA_F32, 2, 3, 0, KVA_DTYPE_DEFAULT, 0, 1},
+      {2, 4, 4, 2, 8, 7, 30, 12, 0, KVA_BF16, 2, 2, 0, KVA_F32, 3, 0},
   };
   int i, n = (int)(sizeof cfgs / sizeof cfgs[0]);
   long ops = 0, full = 0, hits = 0, cow = 0, lower = 0, attend = 0, never = 0, later = 0;
   long pol = 0, evicted = 0, demoted = 0, dropped = 0, sfail = 0, dfull = 0, refused = 0, compress = 0, dattend = 0,
        uneven = 0;
+  long spilled = 0, fetched = 0, fbad = 0, fmiss = 0, loaded = 0, lrefused = 0, restarts = 0, saves = 0, twins = 0,
+       ttokens = 0;
   kt_begin("paged random");
   for (i = 0; i < n; i++) {
     pm_model m;
@@ -109,6 +113,22 @@ static void pg_random(void) {
               "demoted, %ld plans with uneven heads\n",
               i, m.n_policies, m.n_evictions, m.n_evicted, m.n_demoted, m.n_dropped, m.n_score_fail, m.n_dm_full,
               m.n_refused, m.n_compress, m.n_dm_attend, m.n_uneven);
+    if (getenv("KVA_TEST_VERBOSE") && cf.tier)
+      fprintf(stderr,
+              "    config %d: tier: %ld spilled, %ld fetched (%ld tokens reused), %ld refused, %ld missed, %ld loaded, "
+              "%ld loads refused, %ld restarts, %ld saves, %ld twins\n",
+              i, m.n_spilled, m.n_fetched, m.n_tier_tokens, m.n_fetch_bad, m.n_fetch_miss, m.n_loaded,
+              m.n_load_refused, m.n_restarts, m.n_saves, m.n_twins);
+    spilled += m.n_spilled;
+    fetched += m.n_fetched;
+    fbad += m.n_fetch_bad;
+    fmiss += m.n_fetch_miss;
+    loaded += m.n_loaded;
+    lrefused += m.n_load_refused;
+    restarts += m.n_restarts;
+    saves += m.n_saves;
+    twins += m.n_twins;
+    ttokens += m.n_tier_tokens;
     pol += m.n_policies;
     evicted += m.n_evicted;
     demoted += m.n_demoted;
@@ -139,6 +159,11 @@ static void pg_random(void) {
            "%ld demoted pool short, %ld refusals after eviction, %ld compressions, %ld attends over demoted tokens, "
            "%ld evictions the fewest head limited",
            pol, evicted, demoted, dropped, sfail, dfull, refused, compress, dattend, uneven);
+  KT_CHECK(spilled > 0 && fetched > 0 && ttokens > 0 && fbad > 0 && fmiss > 0 && loaded > 0 && lrefused > 0 &&
+               restarts > 0 && saves > 0 && twins > 0,
+           "tier coverage: %ld spilled, %ld fetched (%ld tokens reused), %ld refused, %ld missed, %ld loaded, "
+           "%ld loads refused, %ld restarts, %ld saves, %ld twin caches",
+           spilled, fetched, ttokens, fbad, fmiss, loaded, lrefused, restarts, saves, twins);
   if (getenv("KVA_TEST_VERBOSE"))
     fprintf(stderr,
             "  paged random: %ld ops, %ld KVA_ERR_FULL, %ld reused tokens, %ld CoW copies, %ld probes, %ld attends, "

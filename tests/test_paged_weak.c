@@ -6,7 +6,9 @@
  * translation unit builds the library that way and runs the directed prefix
  * tests and the randomized differential test (paged_model.h) with small
  * vocabularies, where many prompts share blocks: a hit must never serve
- * another prefix's or another tenant's K/V. */
+ * another prefix's or another tenant's K/V, from memory or (two configs with
+ * a prefix tier, whose keys are SHA-256 whatever the memory hash) from the
+ * tier. */
 #define KVATTN_TEST_WEAK_HASH 1
 #include "kvattn.h"
 #include "harness.h"
@@ -15,10 +17,10 @@
 
 void test_paged_weak(void) {
   static const pm_config cfgs[] = {
-      /* L  G  D  DV H  bs nb  seqs age dtype    vocab salts evict demote */
-      {1, 1, 2, 0, 2, 2, 32, 8, 0, KVA_F32, 2, 3, 0, KVA_DTYPE_DEFAULT, 0},
-      {2, 2, 2, 3, 4, 3, 24, 6, 4, KVA_F32, 2, 2, 0, KVA_F16, 0},
-      {1, 1, 3, 0, 1, 1, 24, 6, 0, KVA_F16, 3, 4, 0, KVA_DTYPE_DEFAULT, 0},
+      /* L  G  D  DV H  bs nb  seqs age dtype    vocab salts evict demote dblocks tier */
+      {1, 1, 2, 0, 2, 2, 32, 8, 0, KVA_F32, 2, 3, 0, KVA_DTYPE_DEFAULT, 0, 1},
+      {2, 2, 2, 3, 4, 3, 24, 6, 4, KVA_F32, 2, 2, 0, KVA_F16, 0, 0},
+      {1, 1, 3, 0, 1, 1, 24, 6, 0, KVA_F16, 3, 4, 0, KVA_DTYPE_DEFAULT, 0, 1},
   };
   int i, n = (int)(sizeof cfgs / sizeof cfgs[0]);
   long hits = 0;

@@ -643,6 +643,25 @@ static void tt_load(void) {
   memcpy(rec + size - 8, &sum, 8);
   KT_STATUS(kva_prefix_load(next, rec, size, &outcome), KVA_OK);
   KT_CHECK(outcome == KVA_PREFIX_LOADED, "a first block's record with a changed row byte: outcome %d", outcome);
+  /* its child under another salt, key and checksum made right: a chain keeps one salt */
+  for (j = 0; j < st.n; j++)
+    if (memcmp(st.rec[j] + 56, st.rec[i] + 24, 32) == 0) break;
+  KT_CHECK(j < st.n, "no child of a first block among the records");
+  if (j < st.n) {
+    uint64_t other = 77;
+    uint8_t key[32];
+    int32_t child_tok[TT_BS];
+    memcpy(rec, st.rec[j], size);
+    memcpy(rec + 88, &other, 8);
+    memcpy(child_tok, rec + 128 + (size_t)TT_L * (8 + 8 * TT_G), sizeof child_tok);
+    kva_prefix_key(rec + 56, other, child_tok, TT_BS, key);
+    memcpy(rec + 24, key, 32);
+    sum = kva__stream_checksum(rec, size - 8);
+    memcpy(rec + size - 8, &sum, 8);
+    outcome = 99;
+    KT_CHECK(kva_prefix_load(next, rec, size, &outcome) == KVA_ERR_STREAM && outcome == 99,
+             "a record under another salt than its parent's was not refused (outcome %d)", outcome);
+  }
   /* a full pool: KVA_ERR_FULL, nothing changed; a load never recycles a cached block */
   KT_STATUS(kva_seq_new(next, &j), KVA_OK);
   KT_STATUS(kva_seq_append(next, j, 9 * TT_BS), KVA_OK);
