@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kvattn.h"
+#include "tier_load.h"
 
 typedef struct {
   char dir[1024];
@@ -91,27 +92,37 @@ static kva_status tier_dir_fetch(void *user, const uint8_t key[32], void *rec, s
   return KVA_OK;
 }
 
-/* Take the directory's records into the cache now (kva_prefix_load), so
+typedef struct {
+  tier_dir *d;
+  char **names;
+} tier_dir__list;
+static int tier_dir__read(void *user, size_t i, unsigned char *buf, size_t cap, size_t *size) {
+  tier_dir__list *l = (tier_dir__list *)user;
+  char path[1400];
+  FILE *f;
+  snprintf(path, sizeof path, "%s/%s", l->d->dir, l->names[i]);
+  l->d->reads++;
+  if (!(f = fopen(path, "rb"))) return 0; /* removed since it was listed */
+  *size = fread(buf, 1, cap, f);
+  fclose(f);
+  return 1;
+}
+
+/* Take the directory's records into the cache now (tier_load_passes), so
    that a restarted server's first requests find their prefixes in memory.
-   Directory order is arbitrary: a record whose parent is not in memory yet
-   waits for the next pass; passes stop when one takes nothing in, or when
-   the pool has no free block (the rest stay for fetch). *refused counts
-   files that are not whole records of this cache. Returns the records
-   loaded, or -1 if the directory cannot be read. */
+   Only whole records: temporary names end in .tmp.PID.N. *refused counts
+   files that are not records of this cache. Returns the records loaded, or
+   -1 if the directory cannot be read. */
 static inline int tier_dir_load(tier_dir *d, kva_cache *c, int *refused) {
-  size_t size = kva_prefix_record_size(c), n_names = 0, cap_names = 0, i;
-  char **names = NULL, path[1400];
-  unsigned char *rec = (unsigned char *)malloc(size + 1);
+  size_t n_names = 0, cap_names = 0, i;
+  char **names = NULL;
   DIR *dir = opendir(d->dir);
   struct dirent *e;
-  int loaded = 0, progress = 1, full = 0;
+  tier_dir__list list;
+  int loaded;
   *refused = 0;
-  if (!dir || !rec || size == 0) {
-    if (dir) closedir(dir);
-    free(rec);
-    return -1;
-  }
-  while ((e = readdir(dir)) != NULL) { /* whole records only: temporary names end in .tmp.PID.N */
+  if (!dir) return -1;
+  while ((e = readdir(dir)) != NULL) {
     size_t len = strlen(e->d_name);
     char **grown;
     if (len < 5 || strcmp(e->d_name + len - 5, ".kvpb") != 0) continue;
@@ -125,32 +136,10 @@ static inline int tier_dir_load(tier_dir *d, kva_cache *c, int *refused) {
     strcpy(names[n_names++], e->d_name);
   }
   closedir(dir);
-  while (progress && !full) {
-    progress = 0;
-    for (i = 0; i < n_names && !full; i++) {
-      FILE *f;
-      size_t n;
-      int outcome;
-      kva_status st;
-      if (!names[i]) continue; /* taken in or refused on an earlier pass */
-      snprintf(path, sizeof path, "%s/%s", d->dir, names[i]);
-      f = fopen(path, "rb");
-      n = f ? fread(rec, 1, size + 1, f) : 0; /* one byte more: a longer file is refused */
-      if (f) fclose(f);
-      d->reads++;
-      st = kva_prefix_load(c, rec, n, &outcome);
-      if (st == KVA_ERR_FULL) full = 1;
-      if (st == KVA_ERR_FULL || (st == KVA_OK && outcome == KVA_PREFIX_NO_PARENT)) continue;
-      if (st != KVA_OK) ++*refused;
-      else loaded += outcome == KVA_PREFIX_LOADED;
-      free(names[i]);
-      names[i] = NULL;
-      progress = 1;
-    }
-  }
+  list.d = d, list.names = names;
+  loaded = tier_load_passes(c, n_names, tier_dir__read, &list, refused);
   for (i = 0; i < n_names; i++) free(names[i]);
   free(names);
-  free(rec);
   return loaded;
 }
 

@@ -27,6 +27,7 @@
 #include <hiredis/hiredis.h>
 
 #include "kvattn.h"
+#include "../tier_load.h"
 
 typedef struct {
   redisContext *rc;
@@ -101,18 +102,36 @@ static kva_status tier_redis_fetch(void *user, const uint8_t key[32], void *rec,
   return st;
 }
 
-/* Take every record the server holds into the cache now (kva_prefix_load):
-   the names from SCAN (which never blocks the server as KEYS would), then
-   passes of GET until one takes nothing in, since a record waits for its
-   parent; stops when the pool has no free block (the rest stay for fetch).
-   *refused counts values that are not records of this cache. Returns the
-   records loaded, or -1 if the server cannot be listed. */
+typedef struct {
+  tier_redis *r;
+  char **names;
+} tier_redis__list;
+static int tier_redis__read(void *user, size_t i, unsigned char *buf, size_t cap, size_t *size) {
+  tier_redis__list *l = (tier_redis__list *)user;
+  redisReply *reply = (redisReply *)redisCommand(l->r->rc, "GET %s", l->names[i]);
+  int got;
+  l->r->gets++;
+  if (!reply) return -1; /* the connection broke: what is loaded stays */
+  got = reply->type == REDIS_REPLY_STRING;
+  if (got) { /* (a longer value arrives cut to cap: refused) */
+    *size = reply->len < cap ? reply->len : cap;
+    memcpy(buf, reply->str, *size);
+  }
+  freeReplyObject(reply);
+  return got; /* anything but a string: gone since SCAN */
+}
+
+/* Take every record the server holds into the cache now (tier_load_passes):
+   the names from SCAN, which never blocks the server as KEYS would, then
+   GETs. *refused counts values that are not records of this cache. Returns
+   the records loaded, or -1 if the server cannot be listed. */
 static inline int tier_redis_load(tier_redis *r, kva_cache *c, int *refused) {
-  size_t size = kva_prefix_record_size(c), n_names = 0, cap_names = 0, i;
+  size_t n_names = 0, cap_names = 0, i;
   char **names = NULL, cursor[32] = "0";
-  int loaded = 0, progress = 1, full = 0, listed = 1;
+  int loaded = -1, listed = 1;
+  tier_redis__list list;
   *refused = 0;
-  if (!r->rc || r->rc->err || size == 0) return -1;
+  if (!r->rc || r->rc->err) return -1;
   do { /* SCAN cursor MATCH kvattn:pb:* : [next cursor, [names]] */
     redisReply *reply = (redisReply *)redisCommand(r->rc, "SCAN %s MATCH kvattn:pb:* COUNT 512", cursor);
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
@@ -140,34 +159,11 @@ static inline int tier_redis_load(tier_redis *r, kva_cache *c, int *refused) {
     }
     freeReplyObject(reply);
   } while (strcmp(cursor, "0") != 0);
-  while (listed && progress && !full) {
-    progress = 0;
-    for (i = 0; i < n_names && !full; i++) {
-      redisReply *reply;
-      kva_status st = KVA_ERR_STREAM;
-      int outcome = KVA_PREFIX_NO_PARENT;
-      if (!names[i]) continue; /* taken in or refused on an earlier pass */
-      reply = (redisReply *)redisCommand(r->rc, "GET %s", names[i]);
-      r->gets++;
-      if (!reply && (!r->rc || r->rc->err)) { /* the connection broke: what is loaded stays */
-        full = 1;
-        break;
-      }
-      if (reply && reply->type == REDIS_REPLY_STRING) st = kva_prefix_load(c, reply->str, reply->len, &outcome);
-      else if (reply && reply->type == REDIS_REPLY_NIL) st = KVA_OK, outcome = KVA_PREFIX_IN_MEMORY; /* gone since SCAN */
-      if (reply) freeReplyObject(reply);
-      if (st == KVA_ERR_FULL) full = 1;
-      if (st == KVA_ERR_FULL || (st == KVA_OK && outcome == KVA_PREFIX_NO_PARENT)) continue;
-      if (st != KVA_OK) ++*refused;
-      else loaded += outcome == KVA_PREFIX_LOADED;
-      free(names[i]);
-      names[i] = NULL;
-      progress = 1;
-    }
-  }
+  list.r = r, list.names = names;
+  if (listed) loaded = tier_load_passes(c, n_names, tier_redis__read, &list, refused);
   for (i = 0; i < n_names; i++) free(names[i]);
   free(names);
-  return listed ? loaded : -1;
+  return loaded;
 }
 
 #endif /* KVATTN_TIER_REDIS_H */
