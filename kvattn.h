@@ -6377,7 +6377,7 @@ KVA_API kva_status kva_pyramid_weights(int n_layers, int budget, int n_window, f
       !weights)
     return KVA_ERR_ARG;
   rest = (double)budget - n_window;
-  least = rest / beta;
+  least = rest / (double)beta;
   most = 2.0 * rest - least;
   step = n_layers > 1 ? (most - least) / (n_layers - 1) : 0.0;
   for (l = 0; l < n_layers; l++) weights[l] = (float)((n_window + (n_layers > 1 ? most - l * step : rest)) / budget);
