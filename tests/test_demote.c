@@ -2412,6 +2412,290 @@ static void dm_nomem(void) {
   kva_cache_destroy(c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Integer values (and scores) over a demoted region; split-K with one        */
+
+/* docs/API.md, "Integer values": each key's weight moves by at most W / 510 of its tile's largest weight W, so
+   an output channel moves by at most sum_tiles (W_T / 510) sum_{j in T} |code_jc| / sum p_j.  The demoted
+   region's slots are in no documented order, so its tiles are not known: W over every visible key of a region
+   bounds each of its tiles' W (a tile never mixes the held and the demoted rows: they are separate passes
+   merged by log-sum-exp), and the bound is taken per region.  The codes and scales come from the rows read
+   back: an INT8 row's scale is its largest |value| / 127 (that value is code +-127) and |code| = |value| /
+   scale; an INT4 group's codes are at most 15, and its scale at most range / 14 of the group read back (the
+   group's largest value is code 15 and its smallest code 0 or 1: docs/API.md's rule with groups of random
+   values spread over [-1, 1], so range / 14 has room; groups here are 32 wide).  The float path is fp64 over
+   the read-back rows with the integer scores' query (dm_int_query) where int_scores applies. */
+typedef struct {
+  kva_dtype kt, vt, dt;
+  int G, grp, D, Dv, bs;
+  int budget, ring; /* WINDOW's budget, demote_budget */
+  int more, n_q;    /* appended after the first budget tokens (in steps), the last step's size */
+  int int_scores, int_values, sinks;
+  int split; /* 1: the held keys are >= 2,048 and the (KV head, 64-row) items fewer than 8: split-K */
+} dm_iv_case;
+
+static long dm_iv_rows, dm_iv_bounded;
+static double dm_iv_worst, dm_iv_worst_bnd_share;
+
+/* the bound's sum for one region (keys j0..j1 of the row), added to bnd[Dv] (before / l) */
+static void dm_iv_region_bound(kva_dtype vt, const double *p, const char *vis, const float *const *vr, int j0,
+                               int j1, int Dv, double *bnd) {
+  int j, c, g0;
+  if (vt == KVA_INT8) {
+    double W = 0.0;
+    for (j = j0; j < j1; j++) {
+      double am = 0.0;
+      if (!vis[j]) continue;
+      for (c = 0; c < Dv; c++) am = fabs((double)vr[j][c]) > am ? fabs((double)vr[j][c]) : am;
+      if (p[j] * am / 127.0 > W) W = p[j] * am / 127.0;
+    }
+    for (j = j0; j < j1; j++) {
+      double am = 0.0;
+      if (!vis[j]) continue;
+      for (c = 0; c < Dv; c++) am = fabs((double)vr[j][c]) > am ? fabs((double)vr[j][c]) : am;
+      if (am > 0.0)
+        for (c = 0; c < Dv; c++) bnd[c] += W / 510.0 * fabs((double)vr[j][c]) / (am / 127.0);
+    }
+  } else if (vt == KVA_INT4) {
+    for (g0 = 0; g0 < Dv; g0 += 32) {
+      int g1 = g0 + 32 < Dv ? g0 + 32 : Dv, nv = 0;
+      double W = 0.0;
+      for (j = j0; j < j1; j++) {
+        double mn = INFINITY, mx = -INFINITY;
+        if (!vis[j]) continue;
+        for (c = g0; c < g1; c++) {
+          if ((double)vr[j][c] < mn) mn = (double)vr[j][c];
+          if ((double)vr[j][c] > mx) mx = (double)vr[j][c];
+        }
+        if (p[j] * (mx - mn) / 14.0 > W) W = p[j] * (mx - mn) / 14.0;
+        nv++;
+      }
+      for (c = g0; c < g1; c++) bnd[c] += W / 510.0 * 15.0 * (double)nv;
+    }
+  }
+}
+
+static void dm_iv_case_run(kt_rng *r, const dm_iv_case *k, int it) {
+  int G = k->G, H = G * k->grp, D = k->D, Dv = k->Dv, seq = -1, done, len, nd, pos, nk, t, h, j, c, g;
+  int bad = 0, bad_b = 0, fb_t = -1, fb_h = -1, n_q = k->n_q, thr_same, i;
+  int n_blocks = dm_cdiv(k->budget + k->n_q, k->bs) + 4, dblocks = dm_cdiv(k->ring, k->bs) + 1;
+  kva_cache *c_ = dm_cache(1, G, D, Dv, k->bs, n_blocks, k->kt, k->vt, k->dt, dblocks, 0, 0);
+  kva_evict pol = dm_policy(KVA_EVICT_WINDOW, k->budget, 0, 0, 0, k->dt, k->ring, NULL);
+  kva_attn a, a2;
+  kva_batch *plan = NULL;
+  kva_status st;
+  float *hk, *hv, *dk, *dv, *q, *o1, *o1b, *o2, *ob, *l1, *l2, *lb, sinks[16];
+  int32_t *hp, *dp, *kp;
+  const float **kr, **vr;
+  char *vis;
+  double *qd, *qi, *s, *o, *bnd, worst = 0.0, worst_b = 0.0;
+  char shape[240];
+  if (!c_) return;
+  KT_STATUS(kva_seq_new(c_, &seq), KVA_OK);
+  KT_STATUS(kva_seq_set_evict(c_, seq, &pol), KVA_OK);
+  /* the first budget tokens, then `more` in steps, the last of n_q */
+  {
+    float *kk = KT_ALLOC(float, (size_t)(k->budget + k->more) * G * D + 1);
+    float *vv = KT_ALLOC(float, (size_t)(k->budget + k->more) * G * Dv + 1);
+    int n;
+    for (done = 0; done < k->budget + k->more; done += n) {
+      int left = k->budget + k->more - done;
+      n = done == 0 ? k->budget : left == n_q ? n_q : kt_int(r, 1, left - n_q < 40 ? left - n_q : 40);
+      if (done > 0 && left > n_q && n > left - n_q) n = left - n_q;
+      kt_fill(r, kk, (size_t)n * G * D, -1.0f, 1.0f);
+      kt_fill(r, vv, (size_t)n * G * Dv, -1.0f, 1.0f);
+      st = kva_seq_append(c_, seq, n);
+      if (st == KVA_OK) st = kva_store(c_, seq, 0, kk, vv, n);
+      KT_CHECK(st == KVA_OK, "ivalues-demote case %d: append / store of %d at %d: %d (%s)", it, n, done, (int)st,
+               kva_status_str(st));
+      if (st != KVA_OK) break;
+    }
+    free(kk), free(vv);
+    if (st != KVA_OK) {
+      kva_cache_destroy(c_);
+      return;
+    }
+  }
+  len = kva_seq_len(c_, seq), nd = kva_seq_demoted(c_, seq), pos = kva_seq_pos(c_, seq);
+  KT_CHECK(len == k->budget && nd == (k->more < k->ring ? k->more : k->ring) && pos == k->budget + k->more,
+           "ivalues-demote case %d: held %d demoted %d pos %d, want %d, %d and %d", it, len, nd, pos, k->budget,
+           k->more < k->ring ? k->more : k->ring, k->budget + k->more);
+  nk = len + nd;
+  hk = KT_ALLOC(float, (size_t)len * G * D), hv = KT_ALLOC(float, (size_t)len * G * Dv);
+  hp = KT_ALLOC(int32_t, (size_t)len * G);
+  dk = KT_ALLOC(float, (size_t)nd * G * D + 1), dv = KT_ALLOC(float, (size_t)nd * G * Dv + 1);
+  dp = KT_ALLOC(int32_t, (size_t)nd * G + 1);
+  for (j = 0; j < len; j++)
+    KT_STATUS(kva_seq_read(c_, seq, 0, j, hk + (size_t)j * G * D, hv + (size_t)j * G * Dv, hp + (size_t)j * G),
+              KVA_OK);
+  for (j = 0; j < nd; j++)
+    KT_STATUS(kva_seq_read_demoted(c_, seq, 0, j, dk + (size_t)j * G * D, dv + (size_t)j * G * Dv,
+                                   dp + (size_t)j * G), KVA_OK);
+  kt_attn_init(&a, H, G, D, Dv);
+  a.int_scores = k->int_scores, a.int_values = k->int_values;
+  if (k->sinks) {
+    kt_fill(r, sinks, (size_t)H, -1.0f, 2.0f);
+    a.sink_logits = sinks;
+  }
+  a2 = a, a2.n_threads = 2;
+  q = KT_ALLOC(float, (size_t)n_q * H * D);
+  o1 = KT_ALLOC(float, (size_t)n_q * H * Dv + 1), o1b = KT_ALLOC(float, (size_t)n_q * H * Dv + 1);
+  o2 = KT_ALLOC(float, (size_t)n_q * H * Dv + 1), ob = KT_ALLOC(float, (size_t)n_q * H * Dv + 1);
+  l1 = KT_ALLOC(float, (size_t)n_q * H + 1), l2 = KT_ALLOC(float, (size_t)n_q * H + 1);
+  lb = KT_ALLOC(float, (size_t)n_q * H + 1);
+  kt_fill(r, q, (size_t)n_q * H * D, -3.0f, 3.0f); /* sharp enough for a spread of codes */
+  kt_fill_sentinel(o1, (size_t)n_q * H * Dv + 1), kt_fill_sentinel(o1b, (size_t)n_q * H * Dv + 1);
+  kt_fill_sentinel(o2, (size_t)n_q * H * Dv + 1), kt_fill_sentinel(ob, (size_t)n_q * H * Dv + 1);
+  kt_fill_sentinel(l1, (size_t)n_q * H + 1), kt_fill_sentinel(l2, (size_t)n_q * H + 1);
+  kt_fill_sentinel(lb, (size_t)n_q * H + 1);
+  snprintf(shape, sizeof shape, "K %s V %s demoted %s, H %d G %d D %d Dv %d bs %d, held %d demoted %d, n_q %d, "
+           "int scores %d values %d, sinks %d%s", kva_dtype_name(k->kt), kva_dtype_name(k->vt),
+           kva_dtype_name(k->dt), H, G, D, Dv, k->bs, len, nd, n_q, k->int_scores, k->int_values, k->sinks,
+           k->split ? ", split-K" : "");
+  KT_STATUS(kva_attend_cache_lse(c_, seq, 0, &a, q, n_q, o1, l1), KVA_OK);
+  KT_STATUS(kva_attend_cache(c_, seq, 0, &a, q, n_q, o1b), KVA_OK);
+  KT_STATUS(kva_attend_cache_lse(c_, seq, 0, &a2, q, n_q, o2, l2), KVA_OK);
+  KT_CHECK(kt_same_bits(o1, o1b, (size_t)n_q * H * Dv + 1),
+           "ivalues-demote case %d (%s): kva_attend_cache is not kva_attend_cache_lse's output bit for bit", it,
+           shape);
+  /* docs/API.md, "Conventions" and "Order of the sums": bit-identical for any thread count */
+  thr_same = kt_same_bits(o1, o2, (size_t)n_q * H * Dv + 1) && kt_same_bits(l1, l2, (size_t)n_q * H + 1);
+  KT_CHECK(thr_same, "ivalues-demote case %d (%s): n_threads 1 and 2 differ", it, shape);
+  st = kva_batch_plan(c_, &a2, &seq, &n_q, 1, &plan);
+  KT_CHECK(st == KVA_OK, "ivalues-demote case %d (%s): kva_batch_plan: %d (%s)", it, shape, (int)st,
+           kva_status_str(st));
+  if (st == KVA_OK) KT_STATUS(kva_attend_batch_lse(c_, plan, 0, q, ob, lb), KVA_OK);
+  kva_batch_free(plan);
+  /* the reference */
+  kp = KT_ALLOC(int32_t, nk + 1), kr = KT_ALLOC(const float *, nk + 1), vr = KT_ALLOC(const float *, nk + 1);
+  vis = KT_ALLOC(char, nk + 1), s = KT_ALLOC(double, nk + 1);
+  qd = KT_ALLOC(double, D), qi = KT_ALLOC(double, D), o = KT_ALLOC(double, Dv), bnd = KT_ALLOC(double, Dv);
+  for (t = 0; t < n_q; t++) {
+    int32_t qp = pos - n_q + t;
+    for (h = 0; h < H; h++) {
+      double scale = 1.0 / sqrt((double)D), m = -INFINITY, l = 0.0, lse, vmax = 0.0, tol, w = 0.0, wb = 0.0;
+      g = h / k->grp;
+      for (j = 0; j < len; j++)
+        kp[j] = hp[(size_t)j * G + g], kr[j] = hk + ((size_t)j * G + g) * D, vr[j] = hv + ((size_t)j * G + g) * Dv;
+      for (j = 0; j < nd; j++)
+        kp[len + j] = dp[(size_t)j * G + g], kr[len + j] = dk + ((size_t)j * G + g) * D,
+        vr[len + j] = dv + ((size_t)j * G + g) * Dv;
+      for (c = 0; c < D; c++) qd[c] = (double)q[((size_t)t * H + h) * D + c];
+      dm_int_query(qd, D, qi);
+      for (j = 0; j < nk; j++) {
+        const double *qq = k->int_scores && dm_int_type(j < len ? k->kt : k->dt) ? qi : qd;
+        double dot = 0.0;
+        vis[j] = (char)(kp[j] <= qp);
+        if (!vis[j]) continue;
+        for (c = 0; c < D; c++) dot += qq[c] * (double)kr[j][c];
+        s[j] = dot * scale;
+        if (s[j] > m) m = s[j];
+        for (c = 0; c < Dv; c++) vmax = fabs((double)vr[j][c]) > vmax ? fabs((double)vr[j][c]) : vmax;
+      }
+      if (k->sinks && (double)sinks[h] > m) m = (double)sinks[h];
+      if (k->sinks) l += exp((double)sinks[h] - m);
+      for (j = 0; j < nk; j++) s[j] = vis[j] ? exp(s[j] - m) : 0.0, l += s[j];
+      for (c = 0; c < Dv; c++) o[c] = bnd[c] = 0.0;
+      for (j = 0; j < nk; j++)
+        if (vis[j])
+          for (c = 0; c < Dv; c++) o[c] += s[j] * (double)vr[j][c];
+      if (k->int_values) {
+        dm_iv_region_bound(k->vt, s, vis, vr, 0, len, Dv, bnd);
+        dm_iv_region_bound(k->dt, s, vis, vr, len, nk, Dv, bnd);
+      }
+      lse = m + log(l);
+      tol = (2e-5 > 4e-6 * (1.0 + sqrt((double)D)) ? 2e-5 : 4e-6 * (1.0 + sqrt((double)D))) * (1.0 + vmax);
+      for (c = 0; c < Dv; c++) {
+        double want = o[c] / l, tc = bnd[c] / l * (1.0 + 1e-3) + tol;
+        double e = fabs((double)o1[((size_t)t * H + h) * Dv + c] - want);
+        double eb = fabs((double)ob[((size_t)t * H + h) * Dv + c] - want);
+        if (!(e <= 1e300)) e = INFINITY;
+        if (!(eb <= 1e300)) eb = INFINITY;
+        if (e / tc > w) w = e / tc;
+        if (eb / tc > wb) wb = eb / tc;
+        if (bnd[c] > 0.0 && tc > 0.0 && bnd[c] / l / tc > dm_iv_worst_bnd_share) dm_iv_worst_bnd_share = bnd[c] / l / tc;
+        dm_iv_bounded += bnd[c] > 0.0;
+      }
+      {
+        double tl = 1e-5 * (1.0 + fabs(lse)), e = fabs((double)l1[(size_t)t * H + h] - lse);
+        double eb = fabs((double)lb[(size_t)t * H + h] - lse);
+        if (!(e <= 1e300)) e = INFINITY;
+        if (!(eb <= 1e300)) eb = INFINITY;
+        if (e / tl > w) w = e / tl;
+        if (eb / tl > wb) wb = eb / tl;
+      }
+      if (!(w <= 1.0)) {
+        if (!bad) fb_t = t, fb_h = h;
+        bad++;
+      }
+      bad_b += !(wb <= 1.0);
+      if (w > worst) worst = w;
+      if (wb > worst_b) worst_b = wb;
+      dm_iv_rows++;
+    }
+  }
+  bad += !kt_all_sentinel(o1 + (size_t)n_q * H * Dv, 1) || !kt_all_sentinel(l1 + (size_t)n_q * H, 1);
+  bad_b += !kt_all_sentinel(ob + (size_t)n_q * H * Dv, 1) || !kt_all_sentinel(lb + (size_t)n_q * H, 1);
+  for (i = 0; i < 2; i++) {
+    double wv = i ? worst_b : worst;
+    if (wv <= 1.0 && wv > dm_iv_worst) dm_iv_worst = wv;
+  }
+  KT_CHECK(bad == 0, "ivalues-demote case %d (%s): kva_attend_cache_lse: %d (token, head) rows beyond fp64 over the "
+           "held and demoted rows read back (+ the integer values' bound) (first: token %d head %d; worst err/tol "
+           "%.3g)", it, shape, bad, fb_t, fb_h, worst);
+  KT_CHECK(bad_b == 0, "ivalues-demote case %d (%s): kva_attend_batch_lse: %d (token, head) rows beyond fp64 over "
+           "the held and demoted rows read back (+ the integer values' bound) (worst err/tol %.3g)", it, shape, bad_b,
+           worst_b);
+  free(hk), free(hv), free(hp), free(dk), free(dv), free(dp), free(q), free(o1), free(o1b), free(o2), free(ob);
+  free(l1), free(l2), free(lb), free(kp), free((void *)kr), free((void *)vr), free(vis), free(s), free(qd), free(qi);
+  free(o), free(bnd);
+  kva_cache_destroy(c_);
+}
+
+/* int_values (with and without int_scores) over INT8 / INT4 held rows and INT8 / INT4 / F16 demoted rows */
+static void dm_ivalues(void) {
+  static const kva_dtype it8[2] = {KVA_INT8, KVA_INT4};
+  static const kva_dtype dts[3] = {KVA_INT8, KVA_INT4, KVA_F16};
+  static const int dvs[3] = {32, 64, 48};
+  int it, iters = kt_iters(12);
+  kt_rng r;
+  kt_begin("demote: integer values and scores over held and demoted INT8 / INT4 rows (fp64 and the documented "
+           "bound), kva_attend_cache and kva_attend_batch");
+  kt_seed(&r, 0x1A7E);
+  for (it = 0; it < iters; it++) {
+    dm_iv_case k;
+    memset(&k, 0, sizeof k);
+    k.kt = it8[it % 2], k.vt = it8[(it / 2) % 2], k.dt = dts[it % 3];
+    if (it == iters - 1) k.vt = KVA_F16, k.dt = KVA_INT8; /* float held values, integer demoted values */
+    k.G = kt_int(&r, 1, 2), k.grp = kt_int(&r, 1, 3), k.D = it % 2 ? 64 : 32, k.Dv = dvs[it % 3];
+    k.bs = kt_int(&r, 1, 16), k.budget = kt_int(&r, 60, 200), k.ring = kt_int(&r, 10, 100);
+    k.n_q = kt_int(&r, 1, 4), k.more = kt_int(&r, k.n_q + 5, 150);
+    k.int_scores = it % 4 != 3, k.int_values = 1, k.sinks = it % 3 == 1;
+    dm_iv_case_run(&r, &k, it);
+  }
+}
+
+/* split-K (docs/API.md, kva_attend: fewer than 8 (KV head, 64-row) items and at least 2,048 keys): 2,100 held
+   keys and a demoted region, through kva_attend_cache (n_threads 1 and 2, the same bits) and kva_attend_batch */
+static void dm_splitk(void) {
+  static const kva_dtype kts[4] = {KVA_F16, KVA_INT8, KVA_INT4, KVA_F32};
+  static const kva_dtype vts[4] = {KVA_F16, KVA_INT8, KVA_INT8, KVA_F32};
+  static const kva_dtype dts[4] = {KVA_INT8, KVA_INT4, KVA_INT8, KVA_F16};
+  int it;
+  kt_rng r;
+  kt_begin("demote: split-K over 2,100 held keys with a demoted region (kva_attend_cache, kva_attend_batch)");
+  kt_seed(&r, 0x5B1C);
+  for (it = 0; it < (kt_quick ? 2 : 4); it++) {
+    dm_iv_case k;
+    memset(&k, 0, sizeof k);
+    k.kt = kts[it], k.vt = vts[it], k.dt = dts[it];
+    k.G = it % 2 ? 2 : 1, k.grp = it % 2 ? 2 : 4, k.D = 64, k.Dv = it == 2 ? 32 : 64, k.bs = it == 3 ? 16 : 32;
+    k.budget = 2100, k.ring = it == 1 ? 200 : 64, k.n_q = it % 2 ? 3 : 1, k.more = it == 1 ? 150 : 100;
+    k.int_scores = k.int_values = it == 1 || it == 2, k.sinks = it >= 2, k.split = 1;
+    dm_iv_case_run(&r, &k, 100 + it);
+  }
+}
+
 void test_demote(void) {
   dm_desc_rules();
   dm_policy_rules();
@@ -2426,9 +2710,15 @@ void test_demote(void) {
   dm_exact();
   dm_tree();
   dm_random();
+  dm_ivalues();
+  dm_splitk();
   if (dm_verbose())
     fprintf(stderr, "  demote: %ld ops, %ld demoted rows checked (%ld rotated, %ld values either way), %ld attention "
             "rows and %ld batch rows (worst err/tol %.3f), %ld cuts through an H2O eviction, %ld evictions larger than "
             "the ring, %ld scorer calls\n", dm_ops_total, dm_rows_checked, dm_rows_rotated, dm_rows_ambiguous,
             dm_attn_rows, dm_batch_rows, dm_worst_attn, dm_cut_groups, dm_big_evictions, dm_scorer_calls);
+  if (dm_verbose())
+    fprintf(stderr, "  demote: integer values / split-K: %ld rows, %ld channels with a bound, worst err/tol %.3f, "
+            "largest share of a tolerance the bound gave %.3f\n", dm_iv_rows, dm_iv_bounded, dm_iv_worst,
+            dm_iv_worst_bnd_share);
 }
