@@ -1075,7 +1075,7 @@ static void ft_check_block(ft_route *r, int i) {
 static int ft_load(ft_route *r, const unsigned char *rec, size_t n) {
   kva_cache_stats a, b, e;
   unsigned char *buf = (unsigned char *)malloc(n ? n : 1); /* exactly n: ASan sees a read past it */
-  int outcome = 77, valid, want = 99;
+  int outcome = 77, valid, want = 99, mixed = 0;
   uint64_t salt = 0;
   kva_status st;
   FI_CHECK(buf != NULL, "out of memory");
@@ -1084,8 +1084,22 @@ static int ft_load(ft_route *r, const unsigned char *rec, size_t n) {
   st = kva_prefix_load(r->c, buf, n, &outcome);
   ft_stats(r, &b);
   valid = ft_ok(r->t, r->s->bs, rec, n, NULL, NULL, 0, NULL);
+  if (valid && memcmp(rec + 56, ft_zero, 32) != 0) { /* a chain keeps one salt: under another parent's, refused */
+    int pi = ft_find(r, rec + 56);
+    uint64_t own;
+    memcpy(&own, rec + 88, 8);
+    mixed = pi >= 0 && r->m[pi].salt != own;
+  }
   FI_CHECK(st == KVA_OK || st == KVA_ERR_STREAM || st == KVA_ERR_FULL, "load returned %s", kva_status_str(st));
-  FI_CHECK(st != KVA_ERR_STREAM || !valid, "a record that passes every documented check was refused");
+  FI_CHECK(st != KVA_ERR_STREAM || !valid || mixed, "a record that passes every documented check was refused");
+  /* (the model may still list a parent a fetch recycled: then the library finds none) */
+  FI_CHECK(!mixed || st == KVA_ERR_STREAM || (!r->exact && st == KVA_OK && outcome == KVA_PREFIX_NO_PARENT),
+           "a record under another salt than its parent's: %s, outcome %d", kva_status_str(st), outcome);
+  if (mixed && st != KVA_OK) {
+    FI_CHECK(outcome == 77 && ft_tier_same(&a, &b), "a refused load changed the cache or wrote *outcome");
+    free(buf);
+    return -100 - (int)st;
+  }
   FI_CHECK(st == KVA_ERR_STREAM || valid, "load accepted (%s, outcome %d) a record that fails a documented check",
            kva_status_str(st), outcome);
   if (valid) {
