@@ -5833,10 +5833,6 @@ static inline void kva__plan_append(const kva_cache *c, const kva__seq *s, int n
    each head go. All of it happens before anything changes, so a refusal
    (a NaN, an error status, no memory) leaves the sequence as it was. */
 typedef struct {
-  float score;
-  int32_t pos, slot;
-} kva__ranked;
-typedef struct {
   int32_t *victims; /* [n_layers][G][count] slots; per-layer / per-head budgets: [n_layers][G][len] */
   int32_t *count;   /* per-layer / per-head budgets: [n_layers][G] each head's victims; else NULL */
   int new_len;      /* per-layer / per-head budgets: the most tokens any head keeps */
@@ -5844,16 +5840,6 @@ typedef struct {
   size_t bytes;
 } kva__scored;
 
-static int kva__ranked_cmp(const void *a, const void *b) {
-  const kva__ranked *x = (const kva__ranked *)a, *y = (const kva__ranked *)b;
-  if (x->score != y->score) return x->score < y->score ? -1 : 1;
-  return (x->pos > y->pos) - (x->pos < y->pos);
-}
-/* position order (the view's: compaction leaves slots out of order) */
-static int kva__ranked_pos_cmp(const void *a, const void *b) {
-  const kva__ranked *x = (const kva__ranked *)a, *y = (const kva__ranked *)b;
-  return (x->pos > y->pos) - (x->pos < y->pos);
-}
 static inline void kva__rotate_row(float *x, int n);
 /* One head's stored K and V rows (either output may be NULL), dequantized
    and back in the original basis: what kva_seq_read and kva_seq_read_demoted give. */
@@ -5878,76 +5864,8 @@ static inline void kva__scored_free(const kva_cache *c, kva__scored *sc) {
   kva__heap_give(&h, sc->work, sc->bytes);
   sc->work = NULL, sc->victims = NULL, sc->count = NULL, sc->bytes = 0;
 }
-static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int count,
-                                            kva__scored *out) {
-  const size_t n = (size_t)s->len, D = (size_t)c->D, DV = c->kind == KVA_CACHE_KV ? (size_t)c->DV : 0;
-  /* attention counts from this policy on: switching to an accumulating one starts every token at 0 */
-  const int attn_known = e->accumulate && kva__accumulates(&s->evict);
-  kva__heap h;
-  float *k, *v, *scores, *attn;
-  int32_t *pos;
-  kva__ranked *ranked;
-  int l, g;
-  size_t j;
-  h.alloc_fn = c->alloc_fn, h.free_fn = c->free_fn, h.user = c->user;
-  out->bytes = n * (D + DV + 3) * sizeof(float) + n * sizeof(kva__ranked) +
-               (size_t)c->n_layers * (size_t)c->G * (size_t)count * sizeof(int32_t);
-  out->work = kva__heap_take(&h, out->bytes);
-  if (!out->work) return KVA_ERR_NOMEM;
-  k = (float *)out->work, v = k + n * D, scores = v + n * DV, attn = scores + n;
-  pos = (int32_t *)(attn + n);
-  ranked = (kva__ranked *)(pos + n);
-  out->victims = (int32_t *)(ranked + n);
-  for (l = 0; l < c->n_layers; l++)
-    for (g = 0; g < c->G; g++) {
-      kva_score_view view;
-      kva_status st;
-      int m = 0, slot, i;
-      const float fk = c->k_fp8[(size_t)l * (size_t)c->G + (size_t)g], fv = c->v_fp8[(size_t)l * (size_t)c->G + (size_t)g];
-      for (slot = 0; slot < s->len; slot++) {
-        int in_block;
-        int32_t b = kva__slot_block(c, s, l, slot, &in_block);
-        ranked[slot].pos = *kva__pos_ptr(c, l, b, g, in_block), ranked[slot].slot = slot;
-      }
-      qsort(ranked, n, sizeof ranked[0], kva__ranked_pos_cmp);
-      for (i = 0; i < s->len; i++) { /* the view: token i is the i-th oldest held */
-        int in_block;
-        int32_t b;
-        float *kr = k + (size_t)i * D;
-        slot = ranked[i].slot;
-        b = kva__slot_block(c, s, l, slot, &in_block);
-        kva__read_head(c, c->kt[l], c->vt[l], kva__k_ptr(c, l, b, g, in_block),
-                       DV ? kva__v_ptr(c, l, b, g, in_block) : NULL, fk, fv, kr, DV ? v + (size_t)i * DV : NULL);
-        pos[i] = ranked[i].pos;
-        attn[i] = attn_known ? *kva__score_ptr(c, l, b, g, in_block) : 0.0f;
-      }
-      memset(&view, 0, sizeof view);
-      view.seq = seq, view.layer = l, view.kv_head = g;
-      view.n_layers = c->n_layers, view.n_kv_heads = c->G;
-      view.n = s->len, view.keep = s->len - count;
-      view.head_dim = c->D, view.v_dim = c->DV;
-      view.pos = pos, view.k = k, view.v = DV ? v : NULL, view.attn_sum = e->accumulate ? attn : NULL;
-      for (j = 0; j < n; j++) scores[j] = NAN; /* unwritten counts as NaN */
-      st = e->score(e->score_user, &view, scores);
-      if (st != KVA_OK) {
-        kva__scored_free(c, out);
-        return st > KVA_OK && st <= KVA_ERR_STEP ? st : KVA_ERR_ARG;
-      }
-      for (i = 0; i < s->len; i++) { /* (in place: entry m <= i is rewritten after entry i is read) */
-        if (scores[i] != scores[i]) {
-          kva__scored_free(c, out);
-          return KVA_ERR_ARG;
-        }
-        slot = ranked[i].slot;
-        if (kva__evictable(c, s, e, l, g, slot)) ranked[m].score = scores[i], ranked[m].pos = pos[i], ranked[m++].slot = slot;
-      }
-      KVATTN_ASSERT(m >= count); /* (kva__evict_count: the fewest evictable over all heads) */
-      qsort(ranked, (size_t)m, sizeof ranked[0], kva__ranked_cmp);
-      for (slot = 0; slot < count; slot++)
-        out->victims[((size_t)l * (size_t)c->G + (size_t)g) * (size_t)count + (size_t)slot] = ranked[slot].slot;
-    }
-  return KVA_OK;
-}
+static inline kva_status kva__uneven_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int n,
+                                             int count, kva__scored *out);
 
 
 /* --- per-layer and per-head budgets (kva_evict.layer_weight, share_heads) ---
@@ -6029,7 +5947,7 @@ static int kva__head_ranked_pos_cmp(const void *a, const void *b) {
    n_kv_heads x its budget by, the lowest scores over all its heads first.
    Nothing changes here: a refusal leaves the sequence as it was. */
 static inline kva_status kva__uneven_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int n,
-                                             kva__scored *out) {
+                                             int count, kva__scored *out) {
   const size_t len = (size_t)s->len, D = (size_t)c->D, DV = c->kind == KVA_CACHE_KV ? (size_t)c->DV : 0;
   const size_t heads = (size_t)c->n_layers * (size_t)c->G;
   const long n_in = e->rollback ? 0 : n;
@@ -6081,8 +5999,8 @@ static inline kva_status kva__uneven_victims(kva_cache *c, const kva__seq *s, in
       view.seq = seq, view.layer = l, view.kv_head = g;
       view.n_layers = c->n_layers, view.n_kv_heads = c->G;
       view.n = held;
-      { /* its own budget's keep; with share_heads an even share (the layer decides) */
-        long keep = budget - n_in;
+      { /* its own budget's keep; with share_heads an even share (the layer decides); uniform: all but count */
+        long keep = count >= 0 ? held - count : budget - n_in;
         keep = keep < 0 ? 0 : keep;
         view.keep = keep < held ? (int)keep : held;
       }
@@ -6108,7 +6026,8 @@ static inline kva_status kva__uneven_victims(kva_cache *c, const kva__seq *s, in
       held_of[g] = held;
       held_sum += held;
       if (!e->share_heads) { /* this head's lowest go */
-        gone = kva__excess(held, n_in, budget, m - m0);
+        gone = count >= 0 ? count : kva__excess(held, n_in, budget, m - m0);
+        KVATTN_ASSERT(gone <= m - m0); /* (kva__evict_count: the fewest evictable over all heads) */
         qsort(ranked + m0, (size_t)(m - m0), sizeof ranked[0], kva__head_ranked_cmp);
         for (i = 0; i < gone; i++)
           out->victims[((size_t)l * (size_t)c->G + (size_t)g) * len + (size_t)i] = ranked[m0 + i].slot;
@@ -6129,6 +6048,22 @@ static inline kva_status kva__uneven_victims(kva_cache *c, const kva__seq *s, in
       }
     }
   }
+  return KVA_OK;
+}
+
+/* A uniform policy's scorer eviction: every head gives `count`, its lowest
+   scores first (then the oldest); victims packed [n_layers][G][count] for
+   kva__evict_apply, which also demotes. */
+static inline kva_status kva__score_victims(kva_cache *c, const kva__seq *s, int seq, const kva_evict *e, int count,
+                                            kva__scored *out) {
+  const size_t len = (size_t)s->len, heads = (size_t)c->n_layers * (size_t)c->G;
+  size_t hi;
+  int i;
+  kva_status st = kva__uneven_victims(c, s, seq, e, 0, count, out);
+  if (st != KVA_OK) return st;
+  for (hi = 0; hi < heads; hi++) /* (in place: hi * count + i <= hi * len + i) */
+    for (i = 0; i < count; i++) out->victims[hi * (size_t)count + (size_t)i] = out->victims[hi * len + (size_t)i];
+  out->count = NULL;
   return KVA_OK;
 }
 
@@ -6268,7 +6203,7 @@ KVA_API kva_status kva_seq_append(kva_cache *c, int seq, int n_tokens) {
   e = &s->evict_next;
   kva__plan_append(c, s, n_tokens, &s->evict_next, &pl);
   if (kva__uneven(e) && pl.evicts) { /* the scores decide what each head keeps: they come first, then the plan */
-    kva_status st = kva__uneven_victims(c, s, seq, e, n_tokens, &scored);
+    kva_status st = kva__uneven_victims(c, s, seq, e, n_tokens, -1, &scored);
     if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
     kva__plan_shrink(c, s, n_tokens, e, scored.new_len, 1, &pl);
   }
@@ -6329,7 +6264,7 @@ KVA_API kva_status kva_seq_compress(kva_cache *c, int seq, int budget) {
   e.rollback = 0;
   kva__plan_append(c, s, 0, &e, &pl);
   if (kva__uneven(&e) && pl.evicts) {
-    kva_status st = kva__uneven_victims(c, s, seq, &e, 0, &scored);
+    kva_status st = kva__uneven_victims(c, s, seq, &e, 0, -1, &scored);
     if (st != KVA_OK) return kva__refuse(c, st, __func__, kva__score_why(st));
     kva__plan_shrink(c, s, 0, &e, scored.new_len, 1, &pl);
   }
